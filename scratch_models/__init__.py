@@ -1,0 +1,14 @@
+"""Readable, from-scratch BERT that loads real Hugging Face checkpoints and can be looked inside.
+
+    from scratch_models import BertModel
+    model = BertModel.from_pretrained("bert-base-uncased")
+    out, cache = model.run_with_cache(input_ids, names=["layers.3.attn.probs"])
+
+This package does not import transformers; only the parity report, the command line and the tests do.
+"""
+
+from .bert import BertForMaskedLM, BertModel
+from .config import BertConfig, ConfigError
+from weight_mapping import CheckpointError
+
+__all__ = ["BertConfig", "BertForMaskedLM", "BertModel", "CheckpointError", "ConfigError"]

@@ -1,0 +1,215 @@
+"""BERT (Devlin et al., 2018) from the math, in the shape of the checkpoints it loads.
+
+    embeddings = LayerNorm(word[id] + token_type[type] + position[pos])
+    each layer (post-LN):  x = LayerNorm(x + SelfAttention(x));  x = LayerNorm(x + W2 act(W1 x))
+    pooler     = tanh(W h[CLS])
+    MLM head   = LayerNorm(act(W h)) @ word_embeddingsᵀ + bias
+
+Shapes: b batch, s sequence, h hidden, n heads, d = h / n head size, i intermediate size, V vocabulary.
+Every `HookPoint` names a tensor that `run_with_cache` can read and `run_with_hooks` can replace.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from weight_mapping import BERT
+
+from .activations import get_activation
+from .attention import attend, padding_mask
+from .config import BertConfig
+from .hooks import HookPoint
+from .inputs import check_ids, check_same_shape
+from .outputs import BaseModelOutputWithPooling, MaskedLMOutput
+from .pretrained import PretrainedModel
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.word, self.token_type, self.position = HookPoint(), HookPoint(), HookPoint()  # each [b, s, h]
+        self.sum = HookPoint()
+        self.out = HookPoint()
+
+    def forward(self, input_ids, token_type_ids, position_ids):
+        word = self.word(self.word_embeddings(input_ids))
+        token_type = self.token_type(self.token_type_embeddings(token_type_ids))
+        position = self.position(self.position_embeddings(position_ids))
+        summed = self.sum(word + token_type + position)  # summed in transformers' order, so it rounds the same
+        return self.out(self.dropout(self.norm(summed)))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention, then output projection, residual and LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self.q, self.k, self.v = HookPoint(), HookPoint(), HookPoint()  # each [b, n, s, d]
+        self.scores = HookPoint()  # [b, n, s, s], scaled and masked, before softmax
+        self.probs = HookPoint()  # [b, n, s, s]
+        self.context = HookPoint()  # [b, n, s, d]: each head's output before the heads are merged
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.dense = nn.Linear(h, h)
+        self.proj = HookPoint()  # [b, s, h]: the heads' merged output, projected
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.resid = HookPoint()  # [b, s, h]: residual stream plus attention, before LayerNorm
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.out = HookPoint()  # [b, s, h]: the attention block's output
+
+    def split_heads(self, x):  # [b, s, h] -> [b, n, s, d]
+        return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x, mask, need_probs: bool):
+        q = self.q(self.split_heads(self.query(x)))
+        k = self.k(self.split_heads(self.key(x)))
+        v = self.v(self.split_heads(self.value(x)))
+        context, probs = attend(q, k, v, mask, scale=self.head_dim ** -0.5,
+                                dropout_p=self.attention_dropout if self.training else 0.0,
+                                scores=self.scores, probs=self.probs, explicit=need_probs)
+        merged = self.context(context).transpose(1, 2).reshape(x.shape)  # heads side by side: [b, s, h]
+        resid = self.resid(x + self.dropout(self.proj(self.dense(merged))))
+        return self.out(self.norm(resid)), probs
+
+
+class BertFeedForward(nn.Module):
+    """Position-wise MLP h -> i -> h with the configured activation, then residual and LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.pre_act = HookPoint()  # [b, s, i]
+        self.act = get_activation(config.hidden_act, "hidden_act")
+        self.post_act = HookPoint()  # [b, s, i]
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.proj = HookPoint()  # [b, s, h]
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.resid = HookPoint()  # [b, s, h]: residual stream plus MLP, before LayerNorm
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x):
+        hidden = self.post_act(self.act(self.pre_act(self.up(x))))
+        resid = self.resid(x + self.dropout(self.proj(self.down(hidden))))
+        return self.norm(resid)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attn = BertSelfAttention(config)
+        self.ffn = BertFeedForward(config)
+        self.out = HookPoint()  # [b, s, h]: the layer's output, transformers' hidden_states[i + 1]
+
+    def forward(self, x, mask, need_probs: bool):
+        x, probs = self.attn(x, mask, need_probs)
+        return self.out(self.ffn(x)), probs
+
+
+class BertPooler(nn.Module):
+    """tanh(W h + b) on the first token's final hidden state (the [CLS] token)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.out = HookPoint()  # [b, h]
+
+    def forward(self, hidden):
+        return self.out(torch.tanh(self.dense(hidden[:, 0])))
+
+
+class BertMLMHead(nn.Module):
+    """Transform each position, then score it against every word embedding (the decoder is tied to them)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = get_activation(config.hidden_act, "hidden_act")
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden, word_embeddings):  # [b, s, h], [V, h] -> [b, s, V]
+        return F.linear(self.norm(self.act(self.dense(hidden))), word_embeddings, self.bias)
+
+
+class BertModel(PretrainedModel):
+    config_class = BertConfig
+    mapping_table = BERT
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+
+    @classmethod
+    def kwargs_for_checkpoint(cls, keys):
+        # A checkpoint saved from BertForMaskedLM has no pooler: build none rather than invent one at random.
+        return {"add_pooling_layer": any(cls.mapping_table.normalize(k).startswith("pooler.") for k in keys)}
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> BaseModelOutputWithPooling:
+        """input_ids [b, s]; attention_mask [b, s] 1 keep / 0 pad; token_type_ids [b, s] (default 0);
+        position_ids [b, s] or [1, s] (default 0..s-1)."""
+        config = self.config
+        check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
+        batch, seq = input_ids.shape
+        if position_ids is None:
+            if seq > config.max_position_embeddings:
+                raise ValueError(f"input_ids has {seq} positions; this model has "
+                                 f"max_position_embeddings={config.max_position_embeddings}")
+            position_ids = torch.arange(seq, device=input_ids.device)[None, :]
+        check_ids("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
+                  shapes=((batch, seq), (1, seq)))
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
+                  shapes=((batch, seq),))
+        check_same_shape("attention_mask", attention_mask, (batch, seq))
+
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        mask = padding_mask(attention_mask, x.dtype)  # built once, shared by every layer
+        hidden_states, attentions = [x], []
+        for layer in self.layers:
+            x, probs = layer(x, mask, need_probs=output_attentions)
+            hidden_states.append(x)
+            attentions.append(probs)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=x,
+            pooler_output=self.pooler(x) if self.pooler is not None else None,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+
+class BertForMaskedLM(BertModel):
+    """BERT without the pooler, plus the masked-language-model head: logits over the vocabulary per position."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, add_pooling_layer=False)
+        self.mlm_head = BertMLMHead(config)
+        self.logits = HookPoint()  # [b, s, V]
+
+    @classmethod
+    def kwargs_for_checkpoint(cls, keys):
+        return {}
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states: bool = False, output_attentions: bool = False) -> MaskedLMOutput:
+        """As BertModel.forward; `labels` [b, s] (-100 = not scored) adds the cross-entropy loss."""
+        out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        logits = self.logits(self.mlm_head(out.last_hidden_state, self.embeddings.word_embeddings.weight))
+        loss = None
+        if labels is not None:
+            check_same_shape("labels", labels, tuple(input_ids.shape))
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        return MaskedLMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
+                              attentions=out.attentions)

@@ -1,0 +1,202 @@
+"""Model configurations read from a checkpoint's `config.json`.
+
+Only fields that change what the model computes are kept. Each is checked for type and range when read, so a
+bad config fails here, naming the file and the field, rather than deep inside a forward pass. Settings we do
+not implement (relative positions, a decoder BERT, untied heads) are refused rather than silently ignored.
+"""
+
+import dataclasses
+import json
+import types
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A config.json that is missing, unreadable, or describes a model we do not build."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    model_type = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config") -> "_Config":
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+        found_type = raw.get("model_type")
+        if found_type is not None and found_type != cls.model_type:
+            raise ConfigError(
+                f"{source}: model_type is {found_type!r}, but {cls.__name__} needs {cls.model_type!r} "
+                "(is this a checkpoint of another architecture?)"
+            )
+        for field, (required, why) in cls.fixed_settings().items():
+            if field in raw and raw[field] != required:
+                raise ConfigError(f"{source}: {field}={raw[field]!r} is not supported: {why}")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            if f.name not in raw:
+                if f.default is dataclasses.MISSING:
+                    raise ConfigError(f"{source}: required field {f.name!r} is missing")
+                continue
+            values[f.name] = _checked(raw[f.name], f, source)
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+    @classmethod
+    def from_json_file(cls, path) -> "_Config":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config.json not found") from None
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def fixed_settings(cls) -> dict:
+        """field -> (the only value we implement, why); the field may also be absent."""
+        return {}
+
+    def validate(self, source: str) -> None:
+        pass
+
+    def to_dict(self) -> dict:
+        return {"model_type": self.model_type, **dataclasses.asdict(self)}
+
+
+def _checked(value, field: dataclasses.Field, source: str):
+    """`value` as the field's type (int, float, str, bool, or one of them `| None`), or a ConfigError naming it."""
+    kind, optional = field.type, isinstance(field.type, types.UnionType)
+    if optional:  # `int | None`: the field may be null in JSON
+        if value is None:
+            return None
+        (kind,) = (k for k in kind.__args__ if k is not type(None))
+    ok = (
+        (kind is int and isinstance(value, int) and not isinstance(value, bool))
+        or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (kind is str and isinstance(value, str))
+        or (kind is bool and isinstance(value, bool))
+    )
+    if not ok:
+        expected = f"{kind.__name__} or null" if optional else kind.__name__
+        raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {value!r}")
+    return float(value) if kind is float else value
+
+
+def _require_positive(config, source: str, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{source}: field {name!r} must be positive, got {getattr(config, name)}")
+
+
+def _require_probability(config, source: str, *names: str) -> None:
+    for name in names:
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ConfigError(f"{source}: field {name!r} must be in [0, 1), got {getattr(config, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig(_Config):
+    model_type = "bert"
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+
+    @classmethod
+    def fixed_settings(cls) -> dict:
+        return {
+            "position_embedding_type": ("absolute", "only absolute position embeddings are implemented"),
+            "is_decoder": (False, "a causal (decoder) BERT is not implemented"),
+            "add_cross_attention": (False, "cross-attention is not implemented"),
+            "tie_word_embeddings": (True, "the MLM decoder is always tied to the word embeddings"),
+        }
+
+    def validate(self, source: str) -> None:
+        _require_positive(self, source, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
+        _require_probability(self, source, "hidden_dropout_prob", "attention_probs_dropout_prob")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"{source}: hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        from .activations import get_activation
+
+        try:
+            get_activation(self.hidden_act, "hidden_act")
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Config(_Config):
+    model_type = "gpt2"
+
+    vocab_size: int
+    n_positions: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_inner: int | None = None  # MLP width; None means 4 * n_embd
+    activation_function: str = "gelu_new"
+    layer_norm_epsilon: float = 1e-5
+    resid_pdrop: float = 0.1
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    scale_attn_weights: bool = True  # divide attention scores by sqrt(head_dim)
+    scale_attn_by_inverse_layer_idx: bool = False  # and also by layer index + 1 (Stanford CRFM Mistral runs)
+    bos_token_id: int | None = 50256
+    eos_token_id: int | None = 50256
+    pad_token_id: int | None = None
+
+    @classmethod
+    def fixed_settings(cls) -> dict:
+        return {
+            "add_cross_attention": (False, "cross-attention (GPT-2 as a decoder of an encoder) is not implemented"),
+            "reorder_and_upcast_attn": (False, "the fp32 upcast attention of Stanford CRFM's Mistral runs is "
+                                               "not implemented"),
+            "tie_word_embeddings": (True, "the LM head is always tied to the token embeddings (wte)"),
+        }
+
+    def validate(self, source: str) -> None:
+        _require_positive(self, source, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
+                          "layer_norm_epsilon")
+        if self.n_inner is not None:
+            _require_positive(self, source, "n_inner")
+        _require_probability(self, source, "resid_pdrop", "embd_pdrop", "attn_pdrop")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+        from .activations import get_activation
+
+        try:
+            get_activation(self.activation_function, "activation_function")
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def inner_dim(self) -> int:
+        return 4 * self.n_embd if self.n_inner is None else self.n_inner

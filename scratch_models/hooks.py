@@ -1,0 +1,103 @@
+"""Named hook points: read any intermediate tensor by name, or replace it.
+
+A `HookPoint` is an identity placed on a tensor inside a forward pass. Its name is its path in the module tree
+(`layers.3.attn.probs`), so names are stable and need no second list. With nobody listening it returns its
+input after one attribute test: `__call__` is overridden to skip nn.Module's call machinery.
+"""
+
+import contextlib
+import difflib
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
+
+
+class HookPoint(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fn = None  # set only while a listener is attached
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.fn is None else self.fn(x)
+
+    @property
+    def active(self) -> bool:
+        return self.fn is not None
+
+
+class HookedModel(nn.Module):
+    """Adds `hook_names`, `run_with_cache`, `run_with_hooks` and `hooks` to a model built of HookPoints."""
+
+    def hook_points(self) -> dict[str, HookPoint]:
+        return {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+
+    def hook_names(self) -> list[str]:
+        """Every hook point's name, in the order the forward pass reaches them."""
+        return list(self.hook_points())
+
+    @contextlib.contextmanager
+    def hooks(self, hooks: Iterable[tuple[str, HookFn]]):
+        """Attach `(name, fn)` pairs for the duration of a `with` block.
+
+        `fn(tensor, name)` returns a replacement tensor, or None to leave the tensor as it is.
+        """
+        points = self.hook_points()
+        by_name: dict[str, list[HookFn]] = {}
+        for name, fn in hooks:
+            if name not in points:
+                raise ValueError(_unknown_name_message(name, points))
+            by_name.setdefault(name, []).append(fn)
+        saved = {name: points[name].fn for name in by_name}
+        try:
+            for name, fns in by_name.items():
+                points[name].fn = _chain(name, ([saved[name]] if saved[name] else []), fns)
+            yield self
+        finally:
+            for name, fn in saved.items():
+                points[name].fn = fn
+
+    def run_with_hooks(self, *args, hooks: Iterable[tuple[str, HookFn]] = (), **kwargs):
+        with self.hooks(hooks):
+            return self(*args, **kwargs)
+
+    def run_with_cache(self, *args, names=None, **kwargs):
+        """Run forward and return `(output, cache)`, cache mapping hook name -> detached tensor.
+
+        `names`: None for every hook point, a list of names, or a predicate on the name.
+        """
+        all_names = self.hook_names()
+        if names is None:
+            wanted = all_names
+        elif callable(names):
+            wanted = [n for n in all_names if names(n)]
+        else:
+            wanted = list(names)
+        cache: dict[str, torch.Tensor] = {}
+
+        def store(tensor, name):
+            cache[name] = tensor.detach()
+
+        output = self.run_with_hooks(*args, hooks=[(n, store) for n in wanted], **kwargs)
+        return output, cache
+
+
+def _chain(name: str, before: list, fns: list[HookFn]):
+    def run(x):
+        for fn in before:
+            x = fn(x)
+        for fn in fns:
+            replaced = fn(x, name)
+            if replaced is not None:
+                x = replaced
+        return x
+
+    return run
+
+
+def _unknown_name_message(name: str, points: dict) -> str:
+    close = difflib.get_close_matches(name, list(points), n=5, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see model.hook_names()"
+    return f"unknown hook point {name!r}{hint}"

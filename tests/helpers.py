@@ -1,0 +1,62 @@
+"""Shared test helpers: random weights that make numeric slips show, checkpoint writers, parity asserts."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ATOL = RTOL = 1e-5  # the project's fp32 parity bound: |ours - ref| <= 1e-5 + 1e-5 * |ref|
+LOGITS_ATOL = 1e-4
+
+
+def assert_parity(ours: torch.Tensor, ref: torch.Tensor, what: str, atol: float = ATOL, rtol: float = RTOL):
+    assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
+    diff = (ours.double() - ref.double()).abs()
+    limit = atol + rtol * ref.double().abs()
+    worst = float(diff.max())
+    assert bool((diff <= limit).all()), f"{what}: max |diff| {worst:.3e} exceeds {atol:.0e} + {rtol:.0e}*|ref|"
+    return worst
+
+
+def randomize_(model: torch.nn.Module, std: float, seed: int = 0) -> torch.nn.Module:
+    """Redraw every parameter with a large spread (init's std 0.02 hides slips); LayerNorm scales near 1."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            p.copy_(1 + 0.2 * noise if name.endswith("LayerNorm.weight") or name.endswith("ln_1.weight")
+                    or name.endswith("ln_2.weight") or name.endswith("ln_f.weight") else std * noise)
+    return model
+
+
+def write_weights(state: dict[str, torch.Tensor], directory: Path, fmt: str, shards: int = 1) -> None:
+    """Write `state` as model.safetensors / pytorch_model.bin, or as `shards` files plus an index."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in state.items()}  # safetensors refuses shared storage
+    stem, suffix = {"safetensors": ("model", ".safetensors"), "bin": ("pytorch_model", ".bin")}[fmt]
+
+    def save(part, path):
+        if fmt == "safetensors":
+            save_file(part, str(path), metadata={"format": "pt"})
+        else:
+            torch.save(part, path)
+
+    if shards == 1:
+        save(state, directory / f"{stem}{suffix}")
+        return
+    keys = list(state)
+    weight_map = {}
+    for n in range(shards):
+        name = f"{stem}-{n + 1:05d}-of-{shards:05d}{suffix}"
+        part = {k: state[k] for k in keys[n::shards]}
+        save(part, directory / name)
+        weight_map |= {k: name for k in part}
+    index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
+             "weight_map": weight_map}
+    (directory / f"{stem}{suffix}.index.json").write_text(json.dumps(index, indent=2))
+
+
+def write_config(config, directory: Path, **changes) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config.to_dict() | changes, indent=2))

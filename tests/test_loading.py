@@ -1,0 +1,224 @@
+"""Readers and the mapping layer: hub ids through a local Hugging Face cache, bad checkpoints, bad configs."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from scratch_models import BertConfig, BertModel, CheckpointError, ConfigError
+from scratch_models_cli.verify import embedded_checkpoint
+from helpers import assert_parity
+
+MINILM = embedded_checkpoint()
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> None:
+    """The layout huggingface_hub keeps in its cache: refs/main -> snapshots/<commit>/<files>."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, source in files.items():
+        (snapshot / name).symlink_to(source)
+
+
+def run_offline(code: str, cache: Path) -> subprocess.CompletedProcess:
+    """huggingface_hub reads HF_HUB_OFFLINE and the cache path at import, so test it in a fresh process."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_hub_id_resolves_from_the_local_cache_offline(tmp_path):
+    fake_hub_cache(tmp_path, "sentence-transformers/all-MiniLM-L6-v2",
+                   {"config.json": MINILM / "config.json", "model.safetensors": MINILM / "model.safetensors"})
+    done = run_offline("""
+        import sys, torch
+        from scratch_models import BertModel
+        model = BertModel.from_pretrained("sentence-transformers/all-MiniLM-L6-v2")
+        print(model.loading_info.files[0], len(model.layers), 'transformers' in sys.modules)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    file, layers, imported = done.stdout.split()
+    assert file.startswith(str(tmp_path)) and layers == "6" and imported == "False"
+
+
+def test_hub_id_offline_and_not_cached_says_so(tmp_path):
+    done = run_offline("""
+        from scratch_models import BertModel
+        BertModel.from_pretrained("google-bert/bert-base-uncased")
+    """, tmp_path)
+    assert done.returncode != 0
+    assert "CheckpointError: google-bert/bert-base-uncased: config.json is not in the local Hugging Face cache" \
+        in done.stderr and "HF_HUB_OFFLINE is set" in done.stderr
+
+
+def test_hub_sharded_weights_missing_from_cache_named(tmp_path):
+    index = tmp_path / "src" / "model.safetensors.index.json"
+    index.parent.mkdir()
+    index.write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    fake_hub_cache(tmp_path / "cache", "org/sharded", {"config.json": MINILM / "config.json",
+                                                        "model.safetensors.index.json": index})
+    done = run_offline("""
+        from scratch_models import BertModel
+        BertModel.from_pretrained("org/sharded")
+    """, tmp_path / "cache")
+    assert "model-00001-of-00002.safetensors is not in the local Hugging Face cache" in done.stderr
+
+
+def _hub_reachable() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+@pytest.mark.skipif(not (_cached("bert-base-uncased") or _hub_reachable()),
+                    reason="bert-base-uncased is not in the local Hugging Face cache and huggingface.co is "
+                           "unreachable (no network to the model hub here)")
+def test_bert_base_uncased_from_the_hub():
+    from scratch_models import BertForMaskedLM
+    from scratch_models_cli.verify import verify
+
+    report = verify("bert-base-uncased")
+    assert report.passed, report.format()
+    assert report.rows[-1].name == "logits"
+    model = BertForMaskedLM.from_pretrained("bert-base-uncased")
+    assert model.loading_info.prefixed and model.loading_info.legacy_names > 0
+
+
+def small_checkpoint(directory: Path) -> dict:
+    config = transformers.BertConfig(vocab_size=50, hidden_size=48, num_hidden_layers=1, num_attention_heads=3,
+                                     intermediate_size=37)
+    transformers.BertModel(config).save_pretrained(directory)
+    return load_file(directory / "model.safetensors")
+
+
+def test_missing_unexpected_and_misshaped_tensors_are_all_listed(tmp_path):
+    state = small_checkpoint(tmp_path)
+    del state["encoder.layer.0.attention.self.key.bias"]
+    state["encoder.layer.0.attention.self.extra.weight"] = torch.zeros(2, 3)
+    state["encoder.layer.0.intermediate.dense.weight"] = torch.zeros(36, 48)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as error:
+        BertModel.from_pretrained(tmp_path)
+    message = str(error.value)
+    assert "encoder.layer.0.intermediate.dense.weight: (36, 48) in the checkpoint, (37, 48) expected" in message
+    assert "encoder.layer.0.attention.self.key.bias (48,) (our layers.0.attn.key.bias)" in message
+    assert "encoder.layer.0.attention.self.extra.weight (2, 3)" in message
+
+
+def test_layer_count_disagreeing_with_config(tmp_path):
+    small_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 2}))
+    with pytest.raises(CheckpointError, match=r"num_hidden_layers=2[\s\S]*encoder\.layer\.1\.attention"):
+        BertModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key' is not supported"),
+    ({"hidden_act": "gelu_11"}, "hidden_act='gelu_11' is not supported"),
+    ({"num_attention_heads": 5}, "hidden_size 48 is not divisible by num_attention_heads 5"),
+    ({"hidden_size": "48"}, "field 'hidden_size' should be int, got '48'"),
+    ({"model_type": "gpt2"}, "model_type is 'gpt2', but BertConfig needs 'bert'"),
+    ({"is_decoder": True}, "is_decoder=True is not supported"),
+])
+def test_config_refusals_name_the_field(tmp_path, change, message):
+    small_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        BertModel.from_pretrained(tmp_path)
+
+
+def test_config_missing_required_field():
+    with pytest.raises(ConfigError, match="required field 'vocab_size' is missing"):
+        BertConfig.from_dict({"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 3,
+                              "intermediate_size": 37})
+
+
+def test_bin_that_would_run_code_is_refused_and_never_runs(tmp_path):
+    small_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"embeddings.word_embeddings.weight": Payload()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="refused"):
+        BertModel.from_pretrained(tmp_path)
+    assert not marker.exists()
+
+
+def test_paths_that_do_not_exist(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file or directory"):
+        BertModel.from_pretrained(tmp_path / "nowhere" / "model.safetensors")
+    with pytest.raises(CheckpointError, match="no weights file"):
+        (tmp_path / "config.json").write_text("{}")
+        BertModel.from_pretrained(tmp_path)
+
+
+def test_forward_input_errors_name_the_argument():
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=48, num_hidden_layers=1, num_attention_heads=3,
+                                 intermediate_size=37, max_position_embeddings=16)).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"input_ids\[0, 2\] = 50 is out of range: must be 0 <= id < vocab_size"):
+        model(torch.tensor([[1, 2, 50]]))
+    with pytest.raises(ValueError, match="20 positions; this model has max_position_embeddings=16"):
+        model(torch.ones(1, 20, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 4\), expected \(1, 3\)"):
+        model(ids, attention_mask=torch.ones(1, 4))
+    with pytest.raises(ValueError, match="input_ids must hold integers"):
+        model(ids.float())
+    with pytest.raises(ValueError, match=r"token_type_ids\[0, 0\] = 2 is out of range"):
+        model(ids, token_type_ids=torch.full((1, 3), 2))
+
+
+def test_import_does_not_load_transformers():
+    done = subprocess.run([sys.executable, "-c", "import sys, scratch_models, weight_mapping; "
+                           "print('transformers' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+    statement = re.compile(r"^\s*(import|from)\s+transformers\b", re.MULTILINE)
+    for package in ("scratch_models", "weight_mapping"):
+        for file in (REPO / package).rglob("*.py"):
+            assert not statement.search(file.read_text()), f"{file} imports transformers"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    command = next(line.strip() for line in ci.splitlines() if "pytest" in line)
+    assert command in readme
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_cuda_parity_against_transformers_same_dtype(dtype):
+    from scratch_models_cli.verify import verify
+
+    report = verify(device="cuda", dtype=dtype)
+    assert report.passed, report.format()

@@ -1,0 +1,140 @@
+"""The parity report on real weights (the embedded all-MiniLM-L6-v2), the command line, and fill-mask."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+from scratch_models import BertModel
+from scratch_models_cli.cli import main
+from scratch_models_cli.fill_mask import fill_mask
+from scratch_models_cli.verify import embedded_checkpoint, verify
+from helpers import assert_parity, randomize_, write_config, write_weights
+
+MINILM = embedded_checkpoint()
+PAIRS = (["A man is playing a guitar on the stage.", "Time flies."],
+         ["The crowd is listening.", "Fruit flies like a banana, and bananas are yellow in the summer."])
+
+
+@pytest.fixture(scope="module")
+def minilm_batch():
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    return dict(tokenizer(*PAIRS, padding=True, return_tensors="pt"))
+
+
+def test_minilm_every_output_matches_transformers(minilm_batch):
+    assert minilm_batch["attention_mask"].min() == 0 and minilm_batch["token_type_ids"].max() == 1
+    reference = transformers.BertModel.from_pretrained(MINILM, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = reference(**minilm_batch, output_hidden_states=True, output_attentions=True)
+        ours = BertModel.from_pretrained(MINILM)
+        out = ours(**minilm_batch, output_hidden_states=True, output_attentions=True)
+        fused = ours(**minilm_batch)
+    assert len(out.hidden_states) == 7 and len(out.attentions) == 6
+    for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
+        assert_parity(a, b, f"hidden_states[{i}]")
+    for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
+        assert_parity(a, b, f"attentions[{i}]")
+    assert_parity(out.pooler_output, ref.pooler_output, "pooler_output")
+    assert_parity(fused.last_hidden_state, ref.last_hidden_state, "last_hidden_state, fused attention path")
+    assert fused.attentions is None and fused.hidden_states is None
+
+
+def test_verify_minilm_every_sublayer(minilm_batch):
+    report = verify(inputs=minilm_batch)
+    names = [row.name for row in report.rows]
+    assert names[0] == "embeddings.out" and names[-1] == "pooler.out"
+    for i in range(6):
+        assert [f"layers.{i}.attn.probs", f"layers.{i}.attn.out", f"layers.{i}.ffn.post_act",
+                f"layers.{i}.out"] == names[1 + 4 * i: 5 + 4 * i]
+    assert report.passed, report.format()
+    assert max(row.max_abs for row in report.rows) <= 1e-5
+
+
+def test_verify_catches_a_wrong_layer_and_isolate_pins_it(monkeypatch):
+    """Corrupt layer 2 of our model only: without --isolate every later tensor fails (error carried in);
+    with --isolate only layer 2's own rows fail."""
+    original = BertModel.from_pretrained.__func__
+
+    def corrupted(cls, *args, **kwargs):
+        model = original(cls, *args, **kwargs)
+        with torch.no_grad():
+            model.layers[2].ffn.up.bias += 0.05
+        return model
+
+    monkeypatch.setattr(BertModel, "from_pretrained", classmethod(corrupted))
+    failed = {row.name for row in verify().rows if not row.passed}
+    assert "layers.1.out" not in failed and "layers.2.attn.out" not in failed
+    assert {"layers.2.ffn.post_act", "layers.2.out", "layers.3.attn.probs", "layers.5.out", "pooler.out"} <= failed
+    failed_isolated = {row.name for row in verify(isolate=True).rows if not row.passed}
+    assert failed_isolated == {"layers.2.ffn.post_act", "layers.2.out"}
+
+
+def test_cli_verify_embedded_writes_json(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert main(["verify", "--json", str(out), "--text", "Hello world.", "--text", "A longer second sentence."]) == 0
+    table = capsys.readouterr().out
+    assert "max |diff|" in table and "layers.5.out" in table and "26/26 tensors within tolerance" in table
+    data = json.loads(out.read_text())
+    assert data["passed"] is True and len(data["rows"]) == 26
+    assert {"name", "shape", "max_abs", "max_rel", "tolerance", "passed"} <= set(data["rows"][0])
+
+
+def test_cli_verify_as_module_isolate_offline(tmp_path):
+    """`python -m scratch_models verify --isolate` in a fresh process with the hub switched off."""
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "scratch_models", "verify", "--isolate"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "isolate on" in done.stdout and "26/26" in done.stdout
+
+
+def mlm_checkpoint_with_tokenizer(directory):
+    """A random BertForMaskedLM with MiniLM's vocabulary and tokenizer beside it."""
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                     intermediate_size=37)
+    reference = randomize_(transformers.BertForMaskedLM._from_config(config, attn_implementation="eager"), 0.3)
+    reference.save_pretrained(directory)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(MINILM / name, directory / name)
+    return reference.eval()
+
+
+def test_fill_mask_matches_transformers(tmp_path, capsys):
+    reference = mlm_checkpoint_with_tokenizer(tmp_path)
+    text = "The capital of France is [MASK], and its [MASK] is old."
+    results = fill_mask(str(tmp_path), text, top_k=5)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    batch = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        probabilities = reference(**batch).logits[0].softmax(-1)
+    assert len(results) == 2
+    for position, candidates in results:
+        top = probabilities[position].topk(5)
+        assert [token for token, _ in candidates] == tokenizer.convert_ids_to_tokens(top.indices.tolist())
+        assert_parity(torch.tensor([p for _, p in candidates]), top.values, "fill-mask probabilities")
+    assert main(["fill-mask", str(tmp_path), text, "--top-k", "3"]) == 0
+    assert capsys.readouterr().out.count("mask at token") == 2
+
+
+def test_fill_mask_errors_name_the_problem(tmp_path, capsys):
+    mlm_checkpoint_with_tokenizer(tmp_path)
+    with pytest.raises(ValueError, match="no mask token '\\[MASK\\]'"):
+        fill_mask(str(tmp_path), "no mask here")
+    assert main(["fill-mask", str(MINILM), "a [MASK] here"]) == 2  # MiniLM has no MLM head
+    assert "cls.predictions.transform.dense.weight" in capsys.readouterr().err
+
+
+def test_verify_random_checkpoint_without_tokenizer_uses_random_ids(tmp_path):
+    reference = randomize_(transformers.BertForMaskedLM._from_config(
+        transformers.BertConfig(vocab_size=99, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                intermediate_size=37, type_vocab_size=3)), 0.3)
+    reference.save_pretrained(tmp_path)
+    report = verify(str(tmp_path / "model.safetensors"))  # a single weights file, config.json beside it
+    assert report.passed, report.format()
+    assert "random token ids" in report.input_note
+    assert report.rows[-1].name == "logits"  # the MLM head is compared when the checkpoint has one

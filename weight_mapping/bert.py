@@ -1,0 +1,56 @@
+"""The BERT family (bert-base/large, cased/uncased, MiniLM-style BERTs): checkpoint names <-> our names.
+
+Read top to bottom, this is the model: the checkpoint's module on the left, ours on the right, the tensors the
+pair holds, and which outputs the parity report compares. Rows with `{i}` repeat for every encoder layer.
+"""
+
+from .table import WEIGHT, WEIGHT_BIAS, MappingTable, Row
+
+BERT = MappingTable(
+    family="bert",
+    rows=(
+        # checkpoint / transformers module               our module                           tensors
+        Row("embeddings.word_embeddings",                "embeddings.word_embeddings",        WEIGHT),
+        Row("embeddings.position_embeddings",            "embeddings.position_embeddings",    WEIGHT),
+        Row("embeddings.token_type_embeddings",          "embeddings.token_type_embeddings",  WEIGHT),
+        Row("embeddings.LayerNorm",                      "embeddings.norm",                   WEIGHT_BIAS),
+        Row("embeddings",                                "embeddings.out",   compare=True, boundary=True),
+        # one encoder layer, post-LN: x = LN(x + attention(x)); x = LN(x + FFN(x))
+        Row("encoder.layer.{i}.attention.self.query",    "layers.{i}.attn.query",             WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.self.key",      "layers.{i}.attn.key",               WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.self.value",    "layers.{i}.attn.value",             WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.self",          "layers.{i}.attn.probs",  compare=True, pick=1),
+        Row("encoder.layer.{i}.attention.output.dense",  "layers.{i}.attn.dense",             WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.output.LayerNorm", "layers.{i}.attn.norm",           WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention",               "layers.{i}.attn.out",    compare=True, pick=0),
+        Row("encoder.layer.{i}.intermediate.dense",      "layers.{i}.ffn.up",                 WEIGHT_BIAS),
+        Row("encoder.layer.{i}.intermediate",            "layers.{i}.ffn.post_act", compare=True),
+        Row("encoder.layer.{i}.output.dense",            "layers.{i}.ffn.down",               WEIGHT_BIAS),
+        Row("encoder.layer.{i}.output.LayerNorm",        "layers.{i}.ffn.norm",               WEIGHT_BIAS),
+        Row("encoder.layer.{i}",                         "layers.{i}.out",   compare=True, boundary=True),
+        # pooler: tanh(dense(hidden state of the first token))
+        Row("pooler.dense",                              "pooler.dense",                      WEIGHT_BIAS),
+        Row("pooler",                                    "pooler.out",       compare=True),
+        # masked-LM head (BertForMaskedLM, BertForPreTraining); its decoder weight is the word embeddings
+        Row("cls.predictions.transform.dense",           "mlm_head.dense",                    WEIGHT_BIAS, head=True),
+        Row("cls.predictions.transform.LayerNorm",       "mlm_head.norm",                     WEIGHT_BIAS, head=True),
+        Row("cls.predictions",                           "mlm_head",                          ("bias",), head=True),
+        Row("cls",                                       "logits",           compare=True, head=True),
+        # next-sentence head (BertForPreTraining): we do not build it, so it is reported and skipped
+        Row("cls.seq_relationship",                      "nsp_head",                          WEIGHT_BIAS, head=True),
+    ),
+    base_prefix="bert.",
+    layers_field="num_hidden_layers",
+    # TensorFlow-era LayerNorm names, still in bert-base-uncased's files
+    legacy_leaf_names={"gamma": "weight", "beta": "bias"},
+    ignored={
+        "embeddings.position_ids": "buffer: position indices 0..max_position_embeddings-1, recomputed",
+        "embeddings.token_type_ids": "buffer: all-zero default token types, recomputed",
+    },
+    aliases={
+        # tied to the word embeddings; safetensors files may carry either name of the pair, or both
+        "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+        # transformers ties the decoder's bias to cls.predictions.bias
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    },
+)

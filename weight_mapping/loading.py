@@ -1,0 +1,104 @@
+"""Fit a checkpoint's tensors to a model through a mapping table: every tensor accounted for, or an error.
+
+The loader never sees the model itself, only the names and shapes of the tensors it needs, so it works for a
+model built on the meta device and stays free of any model code.
+"""
+
+import dataclasses
+
+import torch
+
+from .readers import Checkpoint, CheckpointError
+from .table import MappingTable
+
+
+@dataclasses.dataclass
+class LoadingInfo:
+    source: str
+    files: list[str]
+    loaded: dict[str, str]  # our tensor name -> the checkpoint key it came from
+    ignored: dict[str, str]  # checkpoint key -> why it was not loaded
+    legacy_names: int  # keys that used an old spelling (gamma/beta)
+    prefixed: bool  # keys carried the base-model prefix ("bert.")
+
+    def summary(self) -> str:
+        lines = [f"loaded {len(self.loaded)} tensors from {', '.join(self.files)}"]
+        if self.prefixed:
+            lines.append("checkpoint saved from a model with heads (base-model prefix stripped)")
+        if self.legacy_names:
+            lines.append(f"{self.legacy_names} tensors used legacy names (gamma/beta), renamed")
+        lines += [f"ignored {key}: {why}" for key, why in self.ignored.items()]
+        return "\n".join(lines)
+
+
+def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, torch.Size], num_layers: int,
+               *, model_name: str, dtype: torch.dtype | None = None, device=None
+               ) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
+    """Our tensor name -> tensor for every name in `expected`, read from `checkpoint` through `table`.
+
+    Raises CheckpointError listing every missing, unexpected or mis-shaped tensor; nothing is returned then.
+    """
+    ours_by_checkpoint = table.tensor_names(num_layers)
+    skipped = table.ignored_keys(num_layers)
+    keys = checkpoint.keys()
+    normalized = {key: table.normalize(key) for key in keys}
+    present = set(normalized.values())
+
+    sources: dict[str, str] = {}  # our name -> checkpoint key
+    ignored: dict[str, str] = {}
+    unexpected: list[str] = []
+    for key, name in normalized.items():
+        if name in skipped:
+            ignored[key] = skipped[name]
+        elif name in table.aliases and table.aliases[name] in present:
+            ignored[key] = f"duplicate of {table.aliases[name]} (tied)"
+        elif (target := ours_by_checkpoint.get(table.aliases.get(name, name))) is None:
+            unexpected.append(key)
+        elif target not in expected:
+            ignored[key] = f"not part of {model_name}"
+        elif target in sources:
+            raise CheckpointError(f"{checkpoint.source}: {key!r} and {sources[target]!r} both map to {target!r}")
+        else:
+            sources[target] = key
+
+    missing = [name for name in expected if name not in sources]
+    misshaped = [(key, checkpoint.shape(key), tuple(expected[name])) for name, key in sources.items()
+                 if checkpoint.shape(key) != tuple(expected[name])]
+    if missing or unexpected or misshaped:
+        raise CheckpointError(_mismatch_message(checkpoint, table, model_name, num_layers, expected, missing,
+                                                unexpected, misshaped))
+
+    state = {}
+    for name, key in sources.items():
+        tensor = checkpoint.tensor(key)
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[name] = tensor.to(device) if device is not None else tensor
+    info = LoadingInfo(
+        source=checkpoint.source,
+        files=[str(f) for f in checkpoint.files],
+        loaded=sources,
+        ignored=ignored,
+        legacy_names=sum(1 for key in keys if key.rpartition(".")[2] in table.legacy_leaf_names),
+        prefixed=any(key.startswith(table.base_prefix) for key in keys),
+    )
+    return state, info
+
+
+def _mismatch_message(checkpoint, table, model_name, num_layers, expected, missing, unexpected, misshaped) -> str:
+    checkpoint_by_ours = {ours: ckpt for ckpt, ours in table.tensor_names(num_layers).items()}
+    lines = [f"{checkpoint.source}: checkpoint does not fit {model_name} "
+             f"({table.family} table, {table.layers_field}={num_layers})"]
+    if misshaped:
+        lines.append(f"{len(misshaped)} tensor(s) with the wrong shape (checkpoint vs model):")
+        lines += [f"  {key}: {tuple(got)} in the checkpoint, {want} expected" for key, got, want in misshaped]
+    if missing:
+        lines.append(f"{len(missing)} tensor(s) missing from the checkpoint:")
+        lines += [f"  {checkpoint_by_ours.get(name, name)} {tuple(expected[name])} (our {name})"
+                  for name in missing[:20]]
+        lines += [f"  ... and {len(missing) - 20} more"] if len(missing) > 20 else []
+    if unexpected:
+        lines.append(f"{len(unexpected)} unexpected tensor(s) in the checkpoint:")
+        lines += [f"  {key} {checkpoint.shape(key)}" for key in unexpected[:20]]
+        lines += [f"  ... and {len(unexpected) - 20} more"] if len(unexpected) > 20 else []
+    return "\n".join(lines)

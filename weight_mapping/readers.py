@@ -1,0 +1,204 @@
+"""Find and open a checkpoint: a local directory, a single weights file, a sharded index, or a hub id.
+
+A checkpoint is a `config.json` plus tensors in one or more files. Tensors are read lazily, one at a time:
+safetensors files are memory-mapped, `.bin` pickles are opened with `torch.load(weights_only=True, mmap=True)`
+so a pickle that would run code is refused before anything of it runs.
+"""
+
+import dataclasses
+import json
+import os
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+# In the order transformers prefers them.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be found, read, or fitted to the model; the message names the culprit."""
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    source: str  # what the caller asked for
+    config_path: Path
+    files: list[Path]  # weight files, in shard order
+    where: dict[str, Path] = dataclasses.field(default_factory=dict, repr=False)  # tensor name -> its file
+    handles: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> safe_open handle or dict
+
+    @property
+    def directory(self) -> Path:
+        return self.config_path.parent
+
+    def keys(self) -> list[str]:
+        return list(self.where)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        handle = self.handles[self.where[key]]
+        if isinstance(handle, dict):
+            return tuple(handle[key].shape)
+        return tuple(handle.get_slice(key).get_shape())
+
+    def tensor(self, key: str) -> torch.Tensor:
+        path = self.where[key]
+        handle = self.handles[path]
+        if isinstance(handle, dict):
+            return handle[key]
+        try:
+            return handle.get_tensor(key)
+        except Exception as e:  # safetensors raises its own error types; say which file and tensor
+            raise CheckpointError(f"{path}: cannot read tensor {key!r}: {e}") from None
+
+
+def open_checkpoint(name_or_path) -> Checkpoint:
+    """Open a directory, a weights file (with config.json beside it), a sharded index, or a hub id."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        config_path, weights = path / "config.json", _weights_in(path)
+    elif path.is_file():
+        config_path, weights = path.parent / "config.json", path
+    elif _looks_like_hub_id(str(name_or_path)):
+        config_path, weights = _from_hub(str(name_or_path))
+    else:
+        raise CheckpointError(f"{name_or_path}: no such file or directory, and not a hub model id")
+    if not config_path.is_file():
+        raise CheckpointError(f"{config_path}: config.json not found beside the weights {weights}")
+    files, where = _shard_files(weights)
+    checkpoint = Checkpoint(source=str(name_or_path), config_path=config_path, files=files)
+    for file in files:
+        handle, keys = _open_weights(file)
+        checkpoint.handles[file] = handle
+        for key in keys:
+            if key in checkpoint.where:
+                raise CheckpointError(f"tensor {key!r} is in both {checkpoint.where[key]} and {file}")
+            if where is not None and where.get(key) != file.name:
+                raise CheckpointError(f"{file}: holds tensor {key!r}, which the index places in {where.get(key)}")
+            checkpoint.where[key] = file
+    if where is not None:
+        absent = sorted(set(where) - set(checkpoint.where))
+        if absent:
+            raise CheckpointError(f"{weights}: names tensors that its shards lack: {', '.join(absent[:10])}")
+    return checkpoint
+
+
+def _weights_in(directory: Path) -> Path:
+    for name in WEIGHT_FILES:
+        if (directory / name).is_file():
+            return directory / name
+    raise CheckpointError(f"{directory}: no weights file; looked for {', '.join(WEIGHT_FILES)}")
+
+
+def _shard_files(weights: Path) -> tuple[list[Path], dict | None]:
+    """The weight files and, for a sharded index, its tensor name -> shard file name map."""
+    if not weights.name.endswith(".index.json"):
+        if weights.suffix not in (".safetensors", ".bin"):
+            raise CheckpointError(f"{weights}: not a weights file (.safetensors, .bin or .index.json)")
+        return [weights], None
+    try:
+        weight_map = json.loads(weights.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{weights}: not a sharded-checkpoint index ({type(e).__name__}: {e})") from None
+    files = []
+    for shard in dict.fromkeys(weight_map.values()):
+        file = weights.parent / shard
+        if not file.is_file():
+            raise CheckpointError(f"{weights}: names shard {shard!r}, which is not in {weights.parent}")
+        files.append(file)
+    return files, weight_map
+
+
+def _open_weights(path: Path):
+    """(handle, tensor names) for one weights file; a handle is a safe_open object or a dict of tensors."""
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: the file is empty")
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except Exception as e:  # SafetensorError is not importable under a stable name across versions
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        return handle, list(handle.keys())
+    try:
+        state = _torch_load(path)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused; it is not a plain tensor file, and loading it would run code it holds "
+            f"(torch.load weights_only=True said: {str(e).splitlines()[0]})") from None
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: holds {type(state).__name__}, not a dict of tensor name -> tensor")
+    return state, list(state)
+
+
+def _torch_load(path: Path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        # Files saved before torch 1.6 are not zip archives and cannot be memory-mapped.
+        if "mmap" not in str(e):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and not name.endswith((".bin", ".safetensors", ".json"))
+
+
+def _from_hub(repo_id: str) -> tuple[Path, Path]:
+    """Download (or find in the cache) config.json and the weights of `repo_id`; nothing else is fetched."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    def offline_error(filename):
+        why = ("HF_HUB_OFFLINE is set" if _env_flag("HF_HUB_OFFLINE")
+               else "the hub could not be reached")
+        return CheckpointError(
+            f"{repo_id}: {filename} is not in the local Hugging Face cache and {why}; "
+            f"download it once with network access (cache: {_cache_dir()})")
+
+    try:
+        config_path = Path(hf_hub_download(repo_id, "config.json"))
+    except LocalEntryNotFoundError:
+        raise offline_error("config.json") from None
+    except RepositoryNotFoundError:
+        raise CheckpointError(f"{repo_id}: no such local path, and no such model on the hub") from None
+    except EntryNotFoundError:
+        raise CheckpointError(f"{repo_id}: the hub repository has no config.json") from None
+    not_cached = []
+    for name in WEIGHT_FILES:
+        try:
+            weights = Path(hf_hub_download(repo_id, name))
+        except LocalEntryNotFoundError:
+            not_cached.append(name)
+            continue
+        except EntryNotFoundError:
+            continue
+        if name.endswith(".index.json"):
+            shards = dict.fromkeys(json.loads(weights.read_text(encoding="utf-8"))["weight_map"].values())
+            for shard in shards:
+                try:
+                    hf_hub_download(repo_id, shard)
+                except LocalEntryNotFoundError:
+                    raise offline_error(shard) from None
+        return config_path, weights
+    if not_cached:
+        raise offline_error(" / ".join(not_cached))
+    raise CheckpointError(f"{repo_id}: the hub repository has none of {', '.join(WEIGHT_FILES)}")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE

@@ -1,0 +1,87 @@
+"""The mapping-table machinery: declarative rows, expanded per layer, run forwards (load) or backwards (save).
+
+A `Row` pairs one module of the checkpoint (the module path transformers uses, which is also the prefix of its
+tensor names) with one module of ours. A row may carry tensors (loaded by leaf name: `{module}.weight`), and may
+be marked `compare`: then the two modules' outputs are compared by the parity report. Weights and compared
+activations come from the same rows, so the parity check hooks exactly the correspondence the loader uses.
+"""
+
+import dataclasses
+
+WEIGHT = ("weight",)
+WEIGHT_BIAS = ("weight", "bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    checkpoint: str  # module path in the checkpoint and in transformers; "{i}" stands for the layer index
+    ours: str  # module path in our model (a HookPoint's path for compared activations)
+    tensors: tuple[str, ...] = ()  # leaf names of the tensors under both modules
+    compare: bool = False  # the parity report compares these two modules' outputs
+    pick: int | None = None  # the transformers module returns a tuple: compare this element
+    boundary: bool = False  # a residual-stream boundary: `verify --isolate` feeds transformers' value onward
+    head: bool = False  # a task head: lives outside the base-model prefix and may be absent
+
+
+@dataclasses.dataclass(frozen=True)
+class MappingTable:
+    family: str
+    rows: tuple[Row, ...]
+    base_prefix: str  # prefix of base-model keys in checkpoints saved from a model with heads ("bert.")
+    layers_field: str  # config field that says how many times "{i}" rows repeat
+    legacy_leaf_names: dict  # old tensor leaf name -> current one ("gamma" -> "weight")
+    ignored: dict  # checkpoint key ("{i}" for every layer) -> why it is not a weight (buffers transformers recomputes)
+    aliases: dict  # checkpoint key -> the key it duplicates (tied weights), used only when that key is absent
+
+    def expand(self, num_layers: int) -> list[Row]:
+        """The rows with "{i}" filled in for every layer, in table order."""
+        out = []
+        for row in self.rows:
+            out += [_at_layer(row, i) for i in range(num_layers)] if _per_layer(row) else [row]
+        return out
+
+    def tensor_names(self, num_layers: int) -> dict[str, str]:
+        """checkpoint tensor name (current spelling, no prefix) -> our tensor name."""
+        return {f"{row.checkpoint}.{t}": f"{row.ours}.{t}" for row in self.expand(num_layers) for t in row.tensors}
+
+    def ignored_keys(self, num_layers: int) -> dict[str, str]:
+        """`ignored` with "{i}" filled in for every layer: checkpoint key (no prefix) -> why it is skipped."""
+        out = {}
+        for key, why in self.ignored.items():
+            out |= {key.format(i=i): why for i in range(num_layers)} if "{i}" in key else {key: why}
+        return out
+
+    def compared(self, num_layers: int, with_heads: bool) -> list[Row]:
+        """The compared module pairs in forward order.
+
+        Rows above the first per-layer row run before the layers, rows below it after them; per-layer rows
+        run layer by layer, in table order within a layer.
+        """
+        def wanted(r):
+            return r.compare and (with_heads or not r.head)
+
+        first = next(n for n, r in enumerate(self.rows) if _per_layer(r))
+        before = [r for r in self.rows[:first] if wanted(r)]
+        per_layer = [r for r in self.rows if _per_layer(r) and wanted(r)]
+        after = [r for r in self.rows[first:] if not _per_layer(r) and wanted(r)]
+        return before + [_at_layer(r, i) for i in range(num_layers) for r in per_layer] + after
+
+    def normalize(self, key: str) -> str:
+        """A checkpoint key in the current spelling, without the base-model prefix."""
+        if key.startswith(self.base_prefix):
+            key = key[len(self.base_prefix):]
+        module, _, leaf = key.rpartition(".")
+        leaf = self.legacy_leaf_names.get(leaf, leaf)
+        return f"{module}.{leaf}" if module else leaf
+
+    def checkpoint_module(self, row: Row, prefixed: bool) -> str:
+        """Where `row`'s module sits in a transformers model that does (or does not) use the base prefix."""
+        return row.checkpoint if row.head or not prefixed else self.base_prefix + row.checkpoint
+
+
+def _per_layer(row: Row) -> bool:
+    return "{i}" in row.checkpoint
+
+
+def _at_layer(row: Row, i: int) -> Row:
+    return dataclasses.replace(row, checkpoint=row.checkpoint.format(i=i), ours=row.ours.format(i=i))
