@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import torch
 
@@ -52,13 +53,19 @@ class Family:
 
 
 def load_tokenizer(checkpoint):
-    """The tokenizer stored beside the checkpoint, or None."""
+    """The tokenizer beside the checkpoint or, for a hub id, the hub repository's (through the normal cache);
+    None when there is none to be had."""
     from transformers import AutoTokenizer
 
     directory = checkpoint.directory
-    if not any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt", "vocab.json")):
+    if any((directory / name).is_file() for name in ("tokenizer.json", "vocab.txt", "vocab.json")):
+        return AutoTokenizer.from_pretrained(directory)
+    if Path(checkpoint.source).exists():
         return None
-    return AutoTokenizer.from_pretrained(directory)
+    try:
+        return AutoTokenizer.from_pretrained(checkpoint.source)
+    except OSError:  # offline and not cached, or the repository has no tokenizer
+        return None
 
 
 def random_inputs(config, input_names) -> dict:

@@ -120,7 +120,8 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
         else:
             rows += _compare_models(family, family.head, family.hf_head, head_rows, source, reference_dir,
                                     inputs, device, torch_dtype, isolate, prefixed=True, notes=notes)
-    return Report(model=source, device=device, dtype=dtype, isolate=isolate,
+    label = source if model else f"all-MiniLM-L6-v2, embedded ({source})"
+    return Report(model=label, device=device, dtype=dtype, isolate=isolate,
                   input_shape=tuple(inputs["input_ids"].shape), input_note=input_note, rows=rows, notes=notes)
 
 
