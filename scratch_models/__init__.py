@@ -1,4 +1,4 @@
-"""Readable, from-scratch BERT that loads real Hugging Face checkpoints and can be looked inside.
+"""Readable, from-scratch BERT and GPT-2 that load real Hugging Face checkpoints and can be looked inside.
 
     from scratch_models import BertModel
     model = BertModel.from_pretrained("bert-base-uncased")
@@ -8,7 +8,9 @@ This package does not import transformers; only the parity report, the command l
 """
 
 from .bert import BertForMaskedLM, BertModel
-from .config import BertConfig, ConfigError
+from .config import BertConfig, ConfigError, GPT2Config
+from .gpt2 import GPT2LMHeadModel, GPT2Model
 from weight_mapping import CheckpointError
 
-__all__ = ["BertConfig", "BertForMaskedLM", "BertModel", "CheckpointError", "ConfigError"]
+__all__ = ["BertConfig", "BertForMaskedLM", "BertModel", "CheckpointError", "ConfigError", "GPT2Config",
+           "GPT2LMHeadModel", "GPT2Model"]

@@ -1,6 +1,8 @@
 """Shared test helpers: random weights that make numeric slips show, checkpoint writers, parity asserts."""
 
 import json
+import os
+import socket
 from pathlib import Path
 
 import torch
@@ -60,3 +62,18 @@ def write_weights(state: dict[str, torch.Tensor], directory: Path, fmt: str, sha
 def write_config(config, directory: Path, **changes) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config.to_dict() | changes, indent=2))
+
+
+def hub_model_available(repo_id: str) -> bool:
+    """True when `repo_id`'s config is in the local Hugging Face cache or huggingface.co can be reached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return True
+    if os.environ.get("HF_HUB_OFFLINE"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False

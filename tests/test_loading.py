@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from scratch_models import BertConfig, BertModel, CheckpointError, ConfigError
 from scratch_models_cli.verify import embedded_checkpoint
-from helpers import assert_parity
+from helpers import hub_model_available
 
 MINILM = embedded_checkpoint()
 REPO = Path(__file__).resolve().parents[1]
@@ -78,23 +77,7 @@ def test_hub_sharded_weights_missing_from_cache_named(tmp_path):
     assert "model-00001-of-00002.safetensors is not in the local Hugging Face cache" in done.stderr
 
 
-def _hub_reachable() -> bool:
-    if os.environ.get("HF_HUB_OFFLINE"):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-        return True
-    except OSError:
-        return False
-
-
-def _cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
-@pytest.mark.skipif(not (_cached("bert-base-uncased") or _hub_reachable()),
+@pytest.mark.skipif(not hub_model_available("bert-base-uncased"),
                     reason="bert-base-uncased is not in the local Hugging Face cache and huggingface.co is "
                            "unreachable (no network to the model hub here)")
 def test_bert_base_uncased_from_the_hub():

@@ -138,3 +138,46 @@ def test_verify_random_checkpoint_without_tokenizer_uses_random_ids(tmp_path):
     assert report.passed, report.format()
     assert "random token ids" in report.input_note
     assert report.rows[-1].name == "logits"  # the MLM head is compared when the checkpoint has one
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """A random GPT-2 with a byte-level BPE tokenizer trained on the spot (no GPT-2 tokenizer is local)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    directory = tmp_path_factory.mktemp("tiny-gpt2")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(["The meaning of life is to learn.", "Once upon a time there lived a cat."] * 5,
+                                  trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    fast.save_pretrained(directory)
+    config = transformers.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=48, n_layer=2, n_head=3,
+                                     bos_token_id=0, eos_token_id=0)
+    reference = randomize_(transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager"), 0.3)
+    reference.save_pretrained(directory)
+    return directory, fast, reference.eval()
+
+
+def test_verify_gpt2_every_block_row(tiny_gpt2):
+    directory, _, _ = tiny_gpt2
+    report = verify(str(directory))
+    assert report.passed, report.format()
+    names = [row.name for row in report.rows]
+    assert names[:8] == ["embeddings.out", "layers.0.ln_1", "layers.0.attn.probs", "layers.0.attn.proj",
+                         "layers.0.ln_2", "layers.0.mlp.post_act", "layers.0.mlp.proj", "layers.0.out"]
+    assert names[-2:] == ["ln_f", "logits"]
+    assert "2 texts, padded" == report.input_note
+
+
+def test_cli_generate_streams_transformers_greedy_text(tiny_gpt2, capsys):
+    directory, tokenizer, reference = tiny_gpt2
+    prompt = "Once upon a time"
+    assert main(["generate", str(directory), prompt, "--max-new-tokens", "12"]) == 0
+    printed = capsys.readouterr().out.strip()
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    expected = reference.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert printed == tokenizer.decode(expected[0], skip_special_tokens=True).strip()
+    assert printed.startswith(prompt) and len(printed) > len(prompt)

@@ -5,9 +5,10 @@ huggingface_hub only.
 """
 
 from .bert import BERT
+from .gpt2 import GPT2
 from .loading import LoadingInfo, load_state
 from .readers import Checkpoint, CheckpointError, open_checkpoint
 from .table import MappingTable, Row
 
-__all__ = ["BERT", "Checkpoint", "CheckpointError", "LoadingInfo", "MappingTable", "Row", "load_state",
+__all__ = ["BERT", "GPT2", "Checkpoint", "CheckpointError", "LoadingInfo", "MappingTable", "Row", "load_state",
            "open_checkpoint"]

@@ -30,12 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("text", help="text with one or more mask tokens, e.g. 'Paris is the [MASK] of France.'")
     p.add_argument("--top-k", type=int, default=5)
 
+    p = commands.add_parser("generate", help="continue a prompt with GPT-2, printing tokens as they come")
+    p.add_argument("model", help="hub id, directory or weights file of a GPT-2 checkpoint")
+    p.add_argument("prompt")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
+
     args = parser.parse_args(argv)
     _quiet_transformers()
     try:
-        if args.command == "verify":
-            return _verify(args)
-        return _fill_mask(args)
+        return {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate}[args.command](args)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
         print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -59,6 +69,27 @@ def _fill_mask(args) -> int:
         print(f"mask at token {position}:")
         for rank, (token, probability) in enumerate(candidates, 1):
             print(f"  {rank}. {token:<20} {probability:.4f}")
+    return 0
+
+
+def _generate(args) -> int:
+    import torch
+    from transformers import TextStreamer
+
+    from scratch_models import GPT2LMHeadModel
+    from weight_mapping import CheckpointError, open_checkpoint
+
+    from .families import load_tokenizer
+
+    tokenizer = load_tokenizer(open_checkpoint(args.model))
+    if tokenizer is None:
+        raise CheckpointError(f"{args.model}: no tokenizer (tokenizer.json or vocab.json) beside the checkpoint")
+    lm = GPT2LMHeadModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
+    input_ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(args.device)
+    generator = torch.Generator(args.device).manual_seed(args.seed)
+    lm.generate(input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
+                streamer=TextStreamer(tokenizer))
     return 0
 
 

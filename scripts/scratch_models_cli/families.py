@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from scratch_models import BertForMaskedLM, BertModel
-from weight_mapping import BERT, MappingTable, CheckpointError
+from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel, GPT2Model
+from weight_mapping import BERT, GPT2, CheckpointError, MappingTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,9 @@ class Family:
             if pairs:
                 raise ValueError("--pair needs --text: each pair is the second segment of one text")
             texts, pairs = self.default_texts, self.default_pairs
-        texts, pairs = list(texts), (list(pairs) or None) if pairs else None
+        if pairs and "token_type_ids" not in self.input_names:
+            raise ValueError("--pair: this model family has no sentence pairs (no token types)")
+        texts, pairs = list(texts), list(pairs) if pairs else None
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"--pair given {len(pairs)} times for {len(texts)} --text: give one pair per text")
         if tokenizer.pad_token is None:
@@ -90,6 +92,12 @@ FAMILIES = {
         default_texts=("The cat sat on the warm mat.", "Time flies like an arrow."),
         default_pairs=("It purred.", "Fruit flies like a banana, and a banana is ripe in June."),
         input_names=("input_ids", "attention_mask", "token_type_ids"),
+    ),
+    "gpt2": Family(
+        table=GPT2, base=GPT2Model, head=GPT2LMHeadModel, hf_base="GPT2Model", hf_head="GPT2LMHeadModel",
+        default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
+        default_pairs=(),
+        input_names=("input_ids", "attention_mask"),
     ),
 }
 

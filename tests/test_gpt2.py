@@ -1,0 +1,481 @@
+"""GPT-2 parity with transformers: every real checkpoint layout written from a randomly initialised transformers
+model (small odd configs with large weights for breadth, the full gpt2 config for truth), generation token for
+token, the KV cache, sampling, the hub's gpt2 when it is cached, and CUDA when there is one."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import transformers
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from helpers import ATOL, LOGITS_ATOL, assert_parity, hub_model_available, randomize_, write_weights
+from scratch_models.config import ConfigError, GPT2Config
+from scratch_models.generation import KVCache, warp
+from scratch_models.gpt2 import GPT2LMHeadModel, GPT2Model
+from weight_mapping import CheckpointError
+from scratch_models_cli.verify import TOLERANCES
+from weight_mapping import GPT2
+
+SMALL = dict(vocab_size=101, n_positions=40, n_embd=96, n_layer=2, n_head=3, bos_token_id=100, eos_token_id=100)
+# every config field that changes the numbers, away from its default
+VARIANT = SMALL | dict(n_inner=77, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-3,
+                       scale_attn_by_inverse_layer_idx=True)
+GPT2_FULL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+PAD = 0  # the id left padding is filled with; the mask says what is padding, the id never matters
+
+
+def hf_lm(seed: int, std: float, **config) -> transformers.GPT2LMHeadModel:
+    """transformers' GPT2LMHeadModel with eager attention (it returns attention probabilities), weights redrawn."""
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel._from_config(transformers.GPT2Config(**config),
+                                                      attn_implementation="eager").eval()
+    return randomize_(model, std, seed)
+
+
+def hub_state(model: transformers.GPT2LMHeadModel, masked_bias: bool = False) -> dict:
+    """The hub's gpt2 layout: no prefix, a causal-mask buffer per block (and the old masked_bias), no lm_head."""
+    n = model.config.n_positions
+    state = {k.removeprefix("transformer."): v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for i in range(model.config.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+        if masked_bias:
+            state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    return state
+
+
+def hub_config(model: transformers.GPT2LMHeadModel) -> dict:
+    """config.json as the hub's gpt2 has it: no n_inner, no scale_attn_* fields, head-summary fields, n_ctx."""
+    c = model.config
+    return {"activation_function": c.activation_function, "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+            "bos_token_id": c.bos_token_id, "embd_pdrop": 0.1, "eos_token_id": c.eos_token_id,
+            "initializer_range": 0.02, "layer_norm_epsilon": c.layer_norm_epsilon, "model_type": "gpt2",
+            "n_ctx": c.n_positions, "n_embd": c.n_embd, "n_head": c.n_head, "n_layer": c.n_layer,
+            "n_positions": c.n_positions, "resid_pdrop": 0.1, "summary_activation": None,
+            "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+            "summary_use_proj": True,
+            "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+            "vocab_size": c.vocab_size}
+
+
+def write_checkpoint(model, directory, state: dict, fmt: str, shards: int = 1, config: dict | None = None):
+    write_weights(state, directory, fmt, shards)
+    if config is None:
+        model.config.save_pretrained(directory)  # transformers' own config.json (n_inner: null and all)
+    else:
+        (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def padded_inputs(vocab: int, seed: int = 1, seq: int = 11) -> dict:
+    """Three rows: full, left-padded (as for generation), right-padded; positions count real tokens only."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(vocab, (3, seq), generator=g)
+    mask = torch.ones(3, seq, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, seq - 3:] = 0
+    ids = ids.masked_fill(mask == 0, PAD)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    return dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+
+
+def check_against(reference: transformers.GPT2LMHeadModel, directory, inputs: dict) -> dict:
+    """Load `directory` into our GPT2Model and GPT2LMHeadModel; compare every output with `reference`."""
+    n_layer = reference.config.n_layer
+    with torch.no_grad():
+        ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
+        model = GPT2LMHeadModel.from_pretrained(directory)
+        out = model(**inputs, output_hidden_states=True, output_attentions=True)
+        # no probabilities asked: the fused SDPA path, against transformers' SDPA path
+        fused = model(**inputs)
+        base = GPT2Model.from_pretrained(directory)(**inputs, output_hidden_states=True)
+        reference.set_attn_implementation("sdpa")
+        try:
+            ref_fused = reference(**inputs, output_hidden_states=True)
+        finally:
+            reference.set_attn_implementation("eager")
+    # A padding query left of every token may see no key at all: eager attention (and ours) spreads it evenly,
+    # transformers' SDPA zeroes it. Either way it is masked for every real token, so compare real tokens only.
+    real = inputs["attention_mask"].bool()
+    worst = {}
+    assert len(out.hidden_states) == len(ref.hidden_states) == len(base.hidden_states) == n_layer + 1
+    assert len(out.attentions) == len(ref.attentions) == n_layer
+    worst["hidden_states"] = max(assert_parity(a, b, f"hidden_states[{i}]")
+                                 for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)))
+    worst["attentions"] = max(assert_parity(a, b, f"attentions[{i}]")
+                              for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)))
+    worst["logits"] = assert_parity(out.logits, ref.logits, "logits", atol=LOGITS_ATOL)
+    # the last hidden state is after ln_f, in both
+    assert torch.equal(base.last_hidden_state, base.hidden_states[-1])
+    worst["sdpa hidden_states"] = max(assert_parity(a[real], b[real], f"GPT2Model hidden_states[{i}] (SDPA path)")
+                                      for i, (a, b) in enumerate(zip(base.hidden_states, ref_fused.hidden_states)))
+    worst["sdpa logits"] = assert_parity(fused.logits[real], ref_fused.logits[real], "logits (SDPA path)",
+                                         atol=LOGITS_ATOL)
+    worst["table rows"] = table_parity(reference, model, inputs)
+    return worst
+
+
+def table_parity(reference, model, inputs: dict) -> float:
+    """Every pair of modules the mapping table marks `compare`, hooked on both sides from the table alone."""
+    rows = GPT2.compared(reference.config.n_layer, with_heads=True)
+    theirs = {}
+
+    def capture(row):
+        def hook(module, args, output):
+            theirs[row.ours] = output[row.pick] if row.pick is not None else output
+
+        return hook
+
+    handles = [reference.get_submodule(GPT2.checkpoint_module(row, prefixed=True)).register_forward_hook(capture(row))
+               for row in rows]
+    try:
+        with torch.no_grad():
+            reference(**inputs)
+            _, mine = model.run_with_cache(**inputs, names=[row.ours for row in rows])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert set(theirs) == set(mine) == {row.ours for row in rows}
+    return max(assert_parity(mine[row.ours], theirs[row.ours], f"table row {row.ours}",
+                             atol=LOGITS_ATOL if row.ours == "logits" else ATOL) for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------- small, odd configs
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """The small model in the hub's layout (safetensors), with its transformers reference."""
+    reference = hf_lm(0, 0.3, **SMALL)
+    directory = tmp_path_factory.mktemp("gpt2-small-hub")
+    write_checkpoint(reference, directory, hub_state(reference), "safetensors", config=hub_config(reference))
+    return reference, directory
+
+
+@pytest.mark.parametrize("config", [SMALL, VARIANT], ids=["gpt2-like", "variant"])
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_hub_layout(tmp_path, config, fmt):
+    reference = hf_lm(3, 0.3, **config)
+    hub = hub_config(reference) | {k: config[k] for k in config.keys() - hub_config(reference).keys()}
+    write_checkpoint(reference, tmp_path, hub_state(reference, masked_bias=fmt == "bin"), fmt, config=hub)
+    worst = check_against(reference, tmp_path, padded_inputs(config["vocab_size"]))
+    info = GPT2LMHeadModel.from_pretrained(tmp_path).loading_info
+    assert not info.prefixed
+    assert set(info.ignored) == ({f"h.{i}.attn.bias" for i in range(2)}
+                                 | ({f"h.{i}.attn.masked_bias" for i in range(2)} if fmt == "bin" else set()))
+    print(f"hub layout, {fmt}: worst |diff| {worst}")
+
+
+def test_transformers_layout_with_only_lm_head(tmp_path, small):
+    """A tied pair saved under the head's name only (wte dropped): wte is read from lm_head.weight."""
+    reference, _ = small
+    state = dict(reference.state_dict())
+    del state["transformer.wte.weight"]
+    write_checkpoint(reference, tmp_path, state, "safetensors")
+    model = GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert model.loading_info.loaded["embeddings.wte.weight"] == "lm_head.weight"
+    assert torch.equal(model.embeddings.wte.weight, reference.lm_head.weight)
+    check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
+
+
+def test_default_positions_match_transformers_forward(small):
+    """No position_ids: 0..s-1 whatever the padding, as transformers' forward (not generate) counts them."""
+    reference, directory = small
+    inputs = padded_inputs(SMALL["vocab_size"])
+    del inputs["position_ids"]
+    with torch.no_grad():
+        ref = reference(**inputs)
+        out = GPT2LMHeadModel.from_pretrained(directory)(**inputs)
+    assert_parity(out.logits, ref.logits, "logits, default positions", atol=LOGITS_ATOL)
+
+
+def test_loss_matches_transformers(small):
+    reference, directory = small
+    inputs = padded_inputs(SMALL["vocab_size"])
+    labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    with torch.no_grad():
+        ref = reference(**inputs, labels=labels)
+        out = GPT2LMHeadModel.from_pretrained(directory)(**inputs, labels=labels)
+    assert 1.0 < float(ref.loss) < 100.0
+    assert_parity(out.loss, ref.loss, "loss", atol=1e-5)
+
+
+def test_hook_points_in_forward_order_and_edits_match_transformers(small):
+    reference, directory = small
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    inputs = padded_inputs(SMALL["vocab_size"])
+    fired = []
+    with torch.no_grad():
+        model.run_with_hooks(**inputs, hooks=[(name, lambda t, name: fired.append(name))
+                                              for name in model.hook_names()])
+    assert fired == model.hook_names()
+    assert fired[:4] == ["embeddings.word", "embeddings.position", "embeddings.out", "layers.0.ln_1"]
+    assert fired[-2:] == ["ln_f", "logits"]
+
+    # knock out block 1's attention on both sides: the edit must mean the same thing
+    handle = reference.transformer.h[1].attn.register_forward_hook(lambda m, a, out: (torch.zeros_like(out[0]), out[1]))
+    try:
+        with torch.no_grad():
+            ref = reference(**inputs)
+            out = model.run_with_hooks(**inputs, hooks=[("layers.1.attn.proj", lambda t, name: torch.zeros_like(t))])
+            clean = model(**inputs)
+    finally:
+        handle.remove()
+    assert_parity(out.logits, ref.logits, "logits with block 1's attention zeroed", atol=LOGITS_ATOL)
+    assert float((clean.logits - out.logits).abs().max()) > 1.0
+
+
+# ------------------------------------------------------------------------------------------------ the full config
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """The full gpt2 config (124M parameters), randomly initialised once for the module."""
+    return hf_lm(7, 0.05, **GPT2_FULL)
+
+
+@pytest.mark.parametrize("layout", ["bin with lm_head.weight", "sharded safetensors without lm_head.weight"])
+def test_full_gpt2_config_transformers_layout(tmp_path, full, layout):
+    state = dict(full.state_dict())  # transformer.* plus lm_head.weight, as save_pretrained(.bin) writes it
+    if layout.startswith("sharded"):
+        del state["lm_head.weight"]
+        write_checkpoint(full, tmp_path, state, "safetensors", shards=3)
+        assert len(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]) == len(state)
+    else:
+        write_checkpoint(full, tmp_path, state, "bin")
+    worst = check_against(full, tmp_path, padded_inputs(GPT2_FULL["vocab_size"], seq=13))
+    info = GPT2Model.from_pretrained(tmp_path).loading_info
+    assert info.prefixed
+    assert info.ignored == ({"lm_head.weight": "duplicate of wte.weight (tied)"} if "with lm_head" in layout else {})
+    assert len(info.loaded) == 2 + 12 * 12 + 2
+    print(f"full gpt2 config, {layout}: worst |diff| {worst}")
+
+
+# ----------------------------------------------------------------------------------- KV cache and generation
+
+
+@pytest.fixture
+def endless(small) -> GPT2LMHeadModel:
+    """The small model with no eos token in its config: it always generates max_new_tokens."""
+    model = GPT2LMHeadModel.from_pretrained(small[1])
+    model.config = dataclasses.replace(model.config, eos_token_id=None)
+    return model
+
+
+def left_padded_prompts(seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Four prompts of lengths 7, 3, 5, 1, left-padded to 7."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 100, (4, 7), generator=g)
+    mask = torch.zeros(4, 7, dtype=torch.long)
+    for row, length in enumerate((7, 3, 5, 1)):
+        mask[row, 7 - length:] = 1
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+@pytest.mark.parametrize("capacity", [0, 11], ids=["growing", "preallocated"])
+def test_cache_step_by_step_equals_one_forward(small, capacity):
+    _, directory = small
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    inputs = padded_inputs(SMALL["vocab_size"])
+    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
+    cache = KVCache(SMALL["n_layer"], capacity=capacity)
+    with torch.no_grad():
+        full = model(**inputs, output_attentions=True)
+        steps = [model(ids[:, :4], attention_mask=mask[:, :4], position_ids=positions[:, :4], past_key_values=cache,
+                       output_attentions=True)]  # the prompt, then one token at a time
+        for t in range(4, ids.shape[1]):
+            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=positions[:, t:t + 1],
+                               past_key_values=cache, output_attentions=True))
+    assert cache.length == ids.shape[1] and all(step.past_key_values is cache for step in steps)
+    # a padding query that sees no key spreads over all keys in one forward, over the cached ones step by step
+    real = mask.bool()
+    assert_parity(torch.cat([s.logits for s in steps], dim=1)[real], full.logits[real], "logits, cached",
+                  atol=LOGITS_ATOL)
+    for i in range(SMALL["n_layer"]):
+        for t, step in enumerate(steps[1:], start=4):
+            assert_parity(step.attentions[i][:, :, 0], full.attentions[i][:, :, t, :t + 1], f"attentions[{i}] at {t}")
+
+
+def test_use_cache_continues_with_default_positions(small):
+    """use_cache=True starts a cache; default positions then count on from the cached tokens."""
+    reference, directory = small
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    ids = torch.randint(100, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = reference(ids)
+        first = model(ids[:, :6], use_cache=True)
+        rest = model(ids[:, 6:], past_key_values=first.past_key_values)
+    assert_parity(torch.cat([first.logits, rest.logits], dim=1), ref.logits, "logits", atol=LOGITS_ATOL)
+
+
+def test_greedy_generation_matches_transformers_token_for_token(small):
+    reference, directory = small
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    ids, mask = left_padded_prompts()
+
+    def both(**kwargs):
+        with torch.no_grad():
+            theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                                        pad_token_id=PAD, **kwargs)
+        return model.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=PAD, **kwargs), theirs
+
+    ours, theirs = both()
+    assert torch.equal(ours, theirs), f"\nours   {ours}\ntheirs {theirs}"
+    # make a token that row 0 generates and row 1 never does the eos: row 0 then stops and is padded, row 1 runs on
+    new = ours[:, 7:]
+    eos = next(int(t) for t in new[0] if int(t) not in new[1].tolist())
+    ours, theirs = both(eos_token_id=eos)
+    assert torch.equal(ours, theirs), f"\nours   {ours}\ntheirs {theirs}"
+    stop = ours[0, 7:].tolist().index(eos)
+    assert stop < ours.shape[1] - 8 and set(ours[0, 8 + stop:].tolist()) == {PAD}
+
+
+def test_generation_streams_and_checks_arguments(endless):
+    model = endless
+    ids, mask = left_padded_prompts()
+
+    class Streamer:
+        def __init__(self):
+            self.parts, self.ended = [], False
+
+        def put(self, tokens):
+            self.parts.append(tokens if tokens.dim() == 2 else tokens[:, None])
+
+        def end(self):
+            self.ended = True
+
+    streamer = Streamer()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=5, streamer=streamer)
+    assert out.shape == (4, 12) and streamer.ended and torch.equal(torch.cat(streamer.parts, dim=1), out)
+    # the last prompt token sits at position 6; the 34th new token is returned but never fed, so 34 fit in 40
+    assert model.generate(ids, attention_mask=mask, max_new_tokens=34).shape == (4, 41)
+    with pytest.raises(ValueError, match="reaches position 40; this model has n_positions=40"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=35)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(ids, attention_mask=mask, do_sample=True, top_k=0)
+    with pytest.raises(ValueError, match="eos_token_id=101"):
+        model.generate(ids, attention_mask=mask, eos_token_id=101)
+
+
+def test_warp_matches_transformers_warpers():
+    scores = torch.randn(6, 101, generator=torch.Generator().manual_seed(4)) * 3
+    scores[0, :10] = scores[0, 10]  # ties at the cut
+    for temperature, top_k, top_p in [(0.7, 10, 0.9), (1.0, 1, None), (1.3, None, 0.5), (1.0, 101, 1e-9)]:
+        expected = scores
+        for warper in ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + (
+                [TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p else []):
+            expected = warper(None, expected)
+        assert torch.equal(warp(scores, temperature, top_k, top_p), expected), (temperature, top_k, top_p)
+
+
+def test_sampling_is_seeded_and_respects_top_k(endless):
+    model = endless
+    ids, mask = left_padded_prompts()
+
+    def sample(seed, **kwargs):
+        return model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=True,
+                              generator=torch.Generator().manual_seed(seed), **kwargs)
+
+    greedy = model.generate(ids, attention_mask=mask, max_new_tokens=10)
+    assert torch.equal(sample(0, temperature=2.0, top_k=4), sample(0, temperature=2.0, top_k=4))
+    assert not torch.equal(sample(0, temperature=2.0, top_k=4), sample(1, temperature=2.0, top_k=4))
+    assert torch.equal(sample(0, top_k=1), greedy)
+    assert torch.equal(sample(0, top_p=1e-9), greedy)
+
+    # every sampled token is among the 4 best at its step: score the sampled sequences in one forward pass
+    out = sample(3, temperature=2.0, top_k=4)
+    full_mask = torch.cat([mask, torch.ones(4, 10, dtype=torch.long)], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).masked_fill(full_mask == 0, 0)
+    with torch.no_grad():
+        logits = model(out, attention_mask=full_mask, position_ids=positions).logits[:, 6:-1]
+    ranks = (logits > logits.gather(-1, out[:, 7:, None])).sum(-1)
+    assert int(ranks.max()) < 4 and int(ranks.max()) > 0  # within top-4, and not simply greedy
+
+
+# ------------------------------------------------------------------------------------- configs and bad inputs
+
+
+def test_config_fields_and_refusals():
+    config = GPT2Config.from_dict(GPT2_FULL | {"n_inner": None, "eos_token_id": None, "model_type": "gpt2"})
+    assert config.inner_dim == 3072 and config.eos_token_id is None and config.head_dim == 64
+    with pytest.raises(ConfigError, match="reorder_and_upcast_attn"):
+        GPT2Config.from_dict(GPT2_FULL | {"reorder_and_upcast_attn": True})
+    with pytest.raises(ConfigError, match="'n_inner' should be int or null"):
+        GPT2Config.from_dict(GPT2_FULL | {"n_inner": "3072"})
+    with pytest.raises(ConfigError, match="'scale_attn_weights' should be bool"):
+        GPT2Config.from_dict(GPT2_FULL | {"scale_attn_weights": 1})
+    with pytest.raises(ConfigError, match="not divisible"):
+        GPT2Config.from_dict(GPT2_FULL | {"n_head": 7})
+    with pytest.raises(ConfigError, match="model_type is 'bert'"):
+        GPT2Config.from_dict(GPT2_FULL | {"model_type": "bert"})
+
+
+def test_bad_checkpoints_and_inputs(tmp_path, small):
+    reference, directory = small
+    state = hub_state(reference)
+    del state["h.1.mlp.c_fc.bias"]
+    state["h.2.attn.c_attn.weight"] = torch.zeros(96, 288)  # a third block in a two-block model
+    write_checkpoint(reference, tmp_path, state, "safetensors", config=hub_config(reference))
+    with pytest.raises(CheckpointError) as e:
+        GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert "h.1.mlp.c_fc.bias (384,)" in str(e.value)
+    assert "h.2.attn.c_attn.weight (96, 288)" in str(e.value)
+
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    with pytest.raises(ValueError, match=r"input_ids\[0, 1\] = 101 is out of range"):
+        model(torch.tensor([[1, 101]]))
+    with pytest.raises(ValueError, match="n_positions=40"):
+        model(torch.ones(1, 41, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model(torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4))
+
+
+# ------------------------------------------------------------------------------------- real weights, CUDA
+
+
+@pytest.mark.skipif(not hub_model_available("gpt2"), reason="gpt2 is not in the local Hugging Face cache and "
+                    "huggingface.co is unreachable (no network to the model hub here)")
+def test_hub_gpt2():
+    reference = transformers.GPT2LMHeadModel.from_pretrained("gpt2", attn_implementation="eager").eval()
+    model = GPT2LMHeadModel.from_pretrained("gpt2")
+    assert set(model.loading_info.ignored) >= {f"h.{i}.attn.bias" for i in range(12)}
+    ids, mask = left_padded_prompts()
+    ids = ids * 500 + 11  # spread over the vocabulary
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        ref = reference(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                        output_attentions=True)
+        out = model(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                    output_attentions=True)
+        theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
+        assert_parity(a, b, f"hidden_states[{i}]")
+    for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
+        assert_parity(a, b, f"attentions[{i}]")
+    assert_parity(out.logits, ref.logits, "logits", atol=LOGITS_ATOL)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=PAD), theirs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_cuda_parity(small, dtype):
+    reference, directory = small
+    reference = hf_lm(0, 0.3, **SMALL).to("cuda", dtype)  # a copy: the module fixture stays on the CPU
+    model = GPT2LMHeadModel.from_pretrained(directory, dtype=dtype, device="cuda")
+    assert model.embeddings.wte.weight.dtype == dtype
+    inputs = {k: v.cuda() for k, v in padded_inputs(SMALL["vocab_size"]).items()}
+    atol, rtol = TOLERANCES[dtype]  # the parity report's: about two units in the last place of each format
+    with torch.no_grad():
+        ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
+        out = model(**inputs, output_hidden_states=True, output_attentions=True)
+    for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
+        assert_parity(a, b, f"{dtype} hidden_states[{i}]", atol=atol, rtol=rtol)
+    for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
+        assert_parity(a, b, f"{dtype} attentions[{i}]", atol=atol, rtol=rtol)
+    assert_parity(out.logits, ref.logits, f"{dtype} logits", atol=max(atol, LOGITS_ATOL), rtol=rtol)
+    if dtype == torch.float32:
+        ids, mask = (t.cuda() for t in left_padded_prompts())
+        with torch.no_grad():
+            theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=PAD)
+        assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=PAD), theirs)

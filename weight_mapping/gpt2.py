@@ -1,0 +1,50 @@
+"""The GPT-2 family (gpt2, gpt2-medium/large/xl, distilgpt2): checkpoint names <-> our names.
+
+Read top to bottom, this is the model: the checkpoint's module on the left, ours on the right, the tensors the
+pair holds, and which outputs the parity report compares. Rows with `{i}` repeat for every block.
+Our LayerNorm modules are called `norm_*` (as in BERT); the checkpoint's `ln_*` names our hook points on their
+outputs, so a compared row reads the same on both sides.
+"""
+
+from .table import WEIGHT, WEIGHT_BIAS, MappingTable, Row
+
+GPT2 = MappingTable(
+    family="gpt2",
+    rows=(
+        # checkpoint / transformers module   our module                 tensors
+        Row("wte",                           "embeddings.wte",          WEIGHT),
+        Row("wpe",                           "embeddings.wpe",          WEIGHT),
+        Row("drop",                          "embeddings.out",   compare=True, boundary=True),
+        # one block, pre-LN: x = x + attention(LN(x)); x = x + MLP(LN(x))
+        Row("h.{i}.ln_1",                    "layers.{i}.norm_1",       WEIGHT_BIAS),
+        Row("h.{i}.ln_1",                    "layers.{i}.ln_1",  compare=True),
+        # Conv1D weights are [in, out]: c_attn is q, k and v side by side, [n_embd, 3 * n_embd]
+        Row("h.{i}.attn.c_attn",             "layers.{i}.attn.c_attn",  WEIGHT_BIAS),
+        Row("h.{i}.attn",                    "layers.{i}.attn.probs",  compare=True, pick=1),
+        Row("h.{i}.attn.c_proj",             "layers.{i}.attn.c_proj",  WEIGHT_BIAS),
+        Row("h.{i}.attn",                    "layers.{i}.attn.proj",   compare=True, pick=0),
+        Row("h.{i}.ln_2",                    "layers.{i}.norm_2",       WEIGHT_BIAS),
+        Row("h.{i}.ln_2",                    "layers.{i}.ln_2",  compare=True),
+        Row("h.{i}.mlp.c_fc",                "layers.{i}.mlp.c_fc",     WEIGHT_BIAS),
+        Row("h.{i}.mlp.act",                 "layers.{i}.mlp.post_act", compare=True),
+        Row("h.{i}.mlp.c_proj",              "layers.{i}.mlp.c_proj",   WEIGHT_BIAS),
+        Row("h.{i}.mlp",                     "layers.{i}.mlp.proj",    compare=True),
+        Row("h.{i}",                         "layers.{i}.out",   compare=True, boundary=True),
+        # final LayerNorm: transformers' last hidden state
+        Row("ln_f",                          "norm_f",                  WEIGHT_BIAS),
+        Row("ln_f",                          "ln_f",             compare=True),
+        # LM head (GPT2LMHeadModel): no tensors of its own, its weight is wte's
+        Row("lm_head",                       "logits",           compare=True, head=True),
+    ),
+    base_prefix="transformer.",
+    layers_field="n_layer",
+    legacy_leaf_names={},
+    ignored={
+        "h.{i}.attn.bias": "buffer: the causal mask [1, 1, n_positions, n_positions], recomputed",
+        "h.{i}.attn.masked_bias": "buffer: the old masking constant (-1e4), unused",
+    },
+    aliases={
+        # tied to the token embeddings; the hub's gpt2 file has no lm_head.weight, transformers' .bin saves do
+        "lm_head.weight": "wte.weight",
+    },
+)
