@@ -4,6 +4,8 @@ import dataclasses
 
 import torch
 
+from .generation import KVCache
+
 
 @dataclasses.dataclass
 class ModelOutput:
@@ -35,7 +37,7 @@ class MaskedLMOutput(ModelOutput):
 @dataclasses.dataclass
 class BaseModelOutputWithPast(ModelOutput):
     last_hidden_state: torch.Tensor  # [batch, seq, hidden], after the final LayerNorm
-    past_key_values: "KVCache | None" = None  # scratch_models.generation.KVCache, now holding these tokens too
+    past_key_values: KVCache | None = None  # the cache in use, now holding these tokens too
     # embeddings output, each layer's output but the last, then the last one after the final LayerNorm (as in
     # transformers): n_layer + 1 tensors [batch, seq, hidden]
     hidden_states: tuple[torch.Tensor, ...] | None = None
@@ -47,6 +49,6 @@ class BaseModelOutputWithPast(ModelOutput):
 class CausalLMOutputWithPast(ModelOutput):
     logits: torch.Tensor  # [batch, seq, vocab]: scores for the token that follows each position
     loss: torch.Tensor | None = None
-    past_key_values: "KVCache | None" = None
+    past_key_values: KVCache | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None

@@ -13,7 +13,7 @@ from scratch_models import BertModel
 from scratch_models_cli.cli import main
 from scratch_models_cli.fill_mask import fill_mask
 from scratch_models_cli.verify import embedded_checkpoint, verify
-from helpers import assert_parity, randomize_, write_config, write_weights
+from helpers import assert_parity, randomize_
 
 MINILM = embedded_checkpoint()
 PAIRS = (["A man is playing a guitar on the stage.", "Time flies."],
