@@ -14,9 +14,8 @@ from helpers import ATOL, LOGITS_ATOL, assert_parity, hub_model_available, rando
 from scratch_models.config import ConfigError, GPT2Config
 from scratch_models.generation import KVCache, warp
 from scratch_models.gpt2 import GPT2LMHeadModel, GPT2Model
-from weight_mapping import CheckpointError
-from scratch_models_cli.verify import TOLERANCES
-from weight_mapping import GPT2
+from scratch_models_cli.verify import TOLERANCES, compare_modules
+from weight_mapping import GPT2, CheckpointError
 
 SMALL = dict(vocab_size=101, n_positions=40, n_embd=96, n_layer=2, n_head=3, bos_token_id=100, eos_token_id=100)
 # every config field that changes the numbers, away from its default
@@ -117,28 +116,13 @@ def check_against(reference: transformers.GPT2LMHeadModel, directory, inputs: di
 
 
 def table_parity(reference, model, inputs: dict) -> float:
-    """Every pair of modules the mapping table marks `compare`, hooked on both sides from the table alone."""
+    """Every pair of modules the mapping table marks `compare`, hooked on both sides by the parity report."""
     rows = GPT2.compared(reference.config.n_layer, with_heads=True)
-    theirs = {}
-
-    def capture(row):
-        def hook(module, args, output):
-            theirs[row.ours] = output[row.pick] if row.pick is not None else output
-
-        return hook
-
-    handles = [reference.get_submodule(GPT2.checkpoint_module(row, prefixed=True)).register_forward_hook(capture(row))
-               for row in rows]
-    try:
-        with torch.no_grad():
-            reference(**inputs)
-            _, mine = model.run_with_cache(**inputs, names=[row.ours for row in rows])
-    finally:
-        for handle in handles:
-            handle.remove()
-    assert set(theirs) == set(mine) == {row.ours for row in rows}
-    return max(assert_parity(mine[row.ours], theirs[row.ours], f"table row {row.ours}",
-                             atol=LOGITS_ATOL if row.ours == "logits" else ATOL) for row in rows)
+    compared = compare_modules(GPT2, model, reference, rows, inputs, prefixed=True)
+    assert [c.name for c in compared] == [row.ours for row in rows]
+    failed = [f"{c.name}: max |diff| {c.max_abs:.3e}" for c in compared if not c.passed]
+    assert not failed, f"table rows beyond {ATOL:.0e} + {ATOL:.0e}*|ref| (logits {LOGITS_ATOL:.0e}): {failed}"
+    return max(c.max_abs for c in compared)
 
 
 # ---------------------------------------------------------------------------------------------- small, odd configs

@@ -77,13 +77,10 @@ def _generate(args) -> int:
     from transformers import TextStreamer
 
     from scratch_models import GPT2LMHeadModel
-    from weight_mapping import CheckpointError, open_checkpoint
 
-    from .families import load_tokenizer
+    from .families import require_tokenizer
 
-    tokenizer = load_tokenizer(open_checkpoint(args.model))
-    if tokenizer is None:
-        raise CheckpointError(f"{args.model}: no tokenizer (tokenizer.json or vocab.json) beside the checkpoint")
+    tokenizer = require_tokenizer(args.model)
     lm = GPT2LMHeadModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     input_ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(args.device)
     generator = torch.Generator(args.device).manual_seed(args.seed)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel, GPT2Model
-from weight_mapping import BERT, GPT2, CheckpointError, MappingTable
+from weight_mapping import BERT, GPT2, CheckpointError, MappingTable, open_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,15 @@ def load_tokenizer(checkpoint):
         return AutoTokenizer.from_pretrained(checkpoint.source)
     except OSError:  # offline and not cached, or the repository has no tokenizer
         return None
+
+
+def require_tokenizer(model: str):
+    """`load_tokenizer` for a command that cannot work without one: a CheckpointError when there is none."""
+    tokenizer = load_tokenizer(open_checkpoint(model))
+    if tokenizer is None:
+        raise CheckpointError(f"{model}: no tokenizer (tokenizer.json, vocab.txt or vocab.json) beside the "
+                              "checkpoint, and none cached for a hub id")
+    return tokenizer
 
 
 def random_inputs(config, input_names) -> dict:

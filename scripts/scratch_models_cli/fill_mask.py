@@ -3,18 +3,15 @@
 import torch
 
 from scratch_models import BertForMaskedLM
-from weight_mapping import CheckpointError, open_checkpoint
 
-from .families import load_tokenizer
+from .families import require_tokenizer
 
 
 def fill_mask(model: str, text: str, top_k: int = 5) -> list[tuple[int, list[tuple[str, float]]]]:
     """For each mask token in `text`: (its position, the top_k (token, probability) pairs, most likely first)."""
     if top_k < 1:
         raise ValueError(f"--top-k must be at least 1, got {top_k}")
-    tokenizer = load_tokenizer(open_checkpoint(model))
-    if tokenizer is None:
-        raise CheckpointError(f"{model}: no tokenizer (tokenizer.json or vocab.txt) beside the checkpoint")
+    tokenizer = require_tokenizer(model)
     lm = BertForMaskedLM.from_pretrained(model)
     batch = tokenizer(text, return_tensors="pt")
     positions = (batch["input_ids"][0] == tokenizer.mask_token_id).nonzero().flatten().tolist()

@@ -136,11 +136,20 @@ def _compare_models(family: Family, our_class, hf_class_name: str, rows, source,
     rows = [row for row in rows if row.ours in hook_names]
     reference = getattr(transformers, hf_class_name).from_pretrained(
         reference_dir, attn_implementation="eager", dtype=dtype or torch.float32).to(device).eval()
+    return compare_modules(family.table, ours, reference, rows, inputs, prefixed=prefixed, isolate=isolate,
+                           dtype=dtype or torch.float32)
 
+
+def compare_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool, isolate: bool = False,
+                    dtype: torch.dtype = torch.float32) -> list[Comparison]:
+    """Run `reference` (transformers) and `ours` on `inputs`; compare the outputs of each table row's pair.
+
+    `prefixed`: the reference is a model with heads, whose base modules sit under the table's base prefix.
+    """
     theirs: dict[str, torch.Tensor] = {}
     handles = []
     for row in rows:
-        module = reference.get_submodule(family.table.checkpoint_module(row, prefixed))
+        module = reference.get_submodule(table.checkpoint_module(row, prefixed))
         handles.append(module.register_forward_hook(_capture(theirs, row)))
     try:
         with torch.no_grad():
@@ -160,14 +169,13 @@ def _compare_models(family: Family, our_class, hf_class_name: str, rows, source,
     with torch.no_grad():
         ours.run_with_hooks(**inputs, hooks=[(row.ours, record) for row in rows])
 
-    atol_rtol = TOLERANCES[dtype or torch.float32]
     out = []
     for row in rows:
-        atol, rtol = atol_rtol
+        atol, rtol = TOLERANCES[dtype]
         if row.ours == "logits":
-            atol = LOGITS_ATOL.get(dtype or torch.float32, atol)
-        out.append(compare(row.ours, family.table.checkpoint_module(row, prefixed), mine[row.ours],
-                           theirs[row.ours], atol, rtol))
+            atol = LOGITS_ATOL.get(dtype, atol)
+        out.append(compare(row.ours, table.checkpoint_module(row, prefixed), mine[row.ours], theirs[row.ours],
+                           atol, rtol))
     return out
 
 
