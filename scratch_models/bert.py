@@ -5,7 +5,7 @@
     pooler     = tanh(W h[CLS])
     MLM head   = LayerNorm(act(W h)) @ word_embeddingsᵀ + bias
 
-Shapes: b batch, s sequence, h hidden, n heads, d = h / n head size, i intermediate size, V vocabulary.
+Shapes: b batch, s sequence, h hidden, n heads, d = h / n head size, m intermediate (MLP) size, V vocabulary.
 Every `HookPoint` names a tensor that `run_with_cache` can read and `run_with_hooks` can replace.
 """
 
@@ -32,9 +32,11 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.word, self.token_type, self.position = HookPoint(), HookPoint(), HookPoint()  # each [b, s, h]
-        self.sum = HookPoint()
-        self.out = HookPoint()
+        self.word = HookPoint("[b, s, h] word embedding of each token")
+        self.token_type = HookPoint("[b, s, h] segment (token type) embedding of each token")
+        self.position = HookPoint("[b, s, h] or [1, s, h] position embedding of each token")
+        self.sum = HookPoint("[b, s, h] word + token type + position, before LayerNorm")
+        self.out = HookPoint("[b, s, h] the embeddings after LayerNorm: what layer 0 reads")
 
     def forward(self, input_ids, token_type_ids, position_ids):
         word = self.word(self.word_embeddings(input_ids))
@@ -52,17 +54,19 @@ class BertSelfAttention(nn.Module):
         h = config.hidden_size
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
         self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
-        self.q, self.k, self.v = HookPoint(), HookPoint(), HookPoint()  # each [b, n, s, d]
-        self.scores = HookPoint()  # [b, n, s, s], scaled and masked, before softmax
-        self.probs = HookPoint()  # [b, n, s, s]
-        self.context = HookPoint()  # [b, n, s, d]: each head's output before the heads are merged
+        self.q = HookPoint("[b, n, s, d] queries, per head")
+        self.k = HookPoint("[b, n, s, d] keys, per head")
+        self.v = HookPoint("[b, n, s, d] values, per head")
+        self.scores = HookPoint("[b, n, s, s] q·k / sqrt(d) plus the padding mask, before softmax")
+        self.probs = HookPoint("[b, n, s, s] attention probabilities: each query's weights over the keys")
+        self.context = HookPoint("[b, n, s, d] each head's output (probs @ v), before the heads are merged")
         self.attention_dropout = config.attention_probs_dropout_prob
         self.dense = nn.Linear(h, h)
-        self.proj = HookPoint()  # [b, s, h]: the heads' merged output, projected
+        self.proj = HookPoint("[b, s, h] the heads' merged output through the output projection")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.resid = HookPoint()  # [b, s, h]: residual stream plus attention, before LayerNorm
+        self.resid = HookPoint("[b, s, h] residual stream plus attention, before LayerNorm")
         self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
-        self.out = HookPoint()  # [b, s, h]: the attention block's output
+        self.out = HookPoint("[b, s, h] the attention block's output, after LayerNorm: what the MLP reads")
 
     def split_heads(self, x):  # [b, s, h] -> [b, n, s, d]
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
@@ -79,19 +83,19 @@ class BertSelfAttention(nn.Module):
         return self.out(self.norm(resid)), probs
 
 
-class BertFeedForward(nn.Module):
-    """Position-wise MLP h -> i -> h with the configured activation, then residual and LayerNorm."""
+class BertMLP(nn.Module):
+    """Position-wise MLP h -> m -> h with the configured activation, then residual and LayerNorm."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.up = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.pre_act = HookPoint()  # [b, s, i]
+        self.pre_act = HookPoint("[b, s, m] MLP input projection, before the activation")
         self.act = get_activation(config.hidden_act, "hidden_act")
-        self.post_act = HookPoint()  # [b, s, i]
+        self.post_act = HookPoint("[b, s, m] MLP neurons after the activation")
         self.down = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.proj = HookPoint()  # [b, s, h]
+        self.proj = HookPoint("[b, s, h] the MLP's output")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.resid = HookPoint()  # [b, s, h]: residual stream plus MLP, before LayerNorm
+        self.resid = HookPoint("[b, s, h] residual stream plus MLP, before LayerNorm")
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x):
@@ -104,12 +108,12 @@ class BertLayer(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.attn = BertSelfAttention(config)
-        self.ffn = BertFeedForward(config)
-        self.out = HookPoint()  # [b, s, h]: the layer's output, transformers' hidden_states[i + 1]
+        self.mlp = BertMLP(config)
+        self.out = HookPoint("[b, s, h] the layer's output, after the MLP's LayerNorm")
 
     def forward(self, x, mask, need_probs: bool):
         x, probs = self.attn(x, mask, need_probs)
-        return self.out(self.ffn(x)), probs
+        return self.out(self.mlp(x)), probs
 
 
 class BertPooler(nn.Module):
@@ -118,7 +122,7 @@ class BertPooler(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.out = HookPoint()  # [b, h]
+        self.out = HookPoint("[b, h] tanh(W h[CLS] + b)")
 
     def forward(self, hidden):
         return self.out(torch.tanh(self.dense(hidden[:, 0])))
@@ -195,7 +199,7 @@ class BertForMaskedLM(BertModel):
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=False)
         self.mlm_head = BertMLMHead(config)
-        self.logits = HookPoint()  # [b, s, V]
+        self.logits = HookPoint("[b, s, V] masked-LM scores over the vocabulary, per position")
 
     @classmethod
     def kwargs_for_checkpoint(cls, keys):

@@ -16,8 +16,11 @@ HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 
 
 class HookPoint(nn.Module):
-    def __init__(self):
+    """`doc` says what the tensor is and its shape; `docs/hook_names.md` is generated from it."""
+
+    def __init__(self, doc: str):
         super().__init__()
+        self.doc = doc
         self.fn = None  # set only while a listener is attached
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,6 +40,10 @@ class HookedModel(nn.Module):
     def hook_names(self) -> list[str]:
         """Every hook point's name, in the order the forward pass reaches them."""
         return list(self.hook_points())
+
+    def hook_docs(self) -> dict[str, str]:
+        """Hook name -> what the tensor is, with its shape."""
+        return {name: point.doc for name, point in self.hook_points().items()}
 
     @contextlib.contextmanager
     def hooks(self, hooks: Iterable[tuple[str, HookFn]]):
@@ -63,10 +70,11 @@ class HookedModel(nn.Module):
         with self.hooks(hooks):
             return self(*args, **kwargs)
 
-    def run_with_cache(self, *args, names=None, **kwargs):
-        """Run forward and return `(output, cache)`, cache mapping hook name -> detached tensor.
+    def run_with_cache(self, *args, names=None, hooks: Iterable[tuple[str, HookFn]] = (), **kwargs):
+        """Run forward and return `(output, cache)`, cache mapping hook name -> detached tensor, in forward order.
 
-        `names`: None for every hook point, a list of names, or a predicate on the name.
+        `names`: None for every hook point, a list of names, or a predicate on the name. `hooks` edit the run as
+        in `run_with_hooks`; the cache holds the edited tensors.
         """
         all_names = self.hook_names()
         if names is None:
@@ -80,7 +88,7 @@ class HookedModel(nn.Module):
         def store(tensor, name):
             cache[name] = tensor.detach()
 
-        output = self.run_with_hooks(*args, hooks=[(n, store) for n in wanted], **kwargs)
+        output = self.run_with_hooks(*args, hooks=[*hooks, *((n, store) for n in wanted)], **kwargs)
         return output, cache
 
 

@@ -49,7 +49,7 @@ def test_verify_minilm_every_sublayer(minilm_batch):
     names = [row.name for row in report.rows]
     assert names[0] == "embeddings.out" and names[-1] == "pooler.out"
     for i in range(6):
-        assert [f"layers.{i}.attn.probs", f"layers.{i}.attn.out", f"layers.{i}.ffn.post_act",
+        assert [f"layers.{i}.attn.probs", f"layers.{i}.attn.out", f"layers.{i}.mlp.post_act",
                 f"layers.{i}.out"] == names[1 + 4 * i: 5 + 4 * i]
     assert report.passed, report.format()
     assert max(row.max_abs for row in report.rows) <= 1e-5
@@ -63,15 +63,15 @@ def test_verify_catches_a_wrong_layer_and_isolate_pins_it(monkeypatch):
     def corrupted(cls, *args, **kwargs):
         model = original(cls, *args, **kwargs)
         with torch.no_grad():
-            model.layers[2].ffn.up.bias += 0.05
+            model.layers[2].mlp.up.bias += 0.05
         return model
 
     monkeypatch.setattr(BertModel, "from_pretrained", classmethod(corrupted))
     failed = {row.name for row in verify().rows if not row.passed}
     assert "layers.1.out" not in failed and "layers.2.attn.out" not in failed
-    assert {"layers.2.ffn.post_act", "layers.2.out", "layers.3.attn.probs", "layers.5.out", "pooler.out"} <= failed
+    assert {"layers.2.mlp.post_act", "layers.2.out", "layers.3.attn.probs", "layers.5.out", "pooler.out"} <= failed
     failed_isolated = {row.name for row in verify(isolate=True).rows if not row.passed}
-    assert failed_isolated == {"layers.2.ffn.post_act", "layers.2.out"}
+    assert failed_isolated == {"layers.2.mlp.post_act", "layers.2.out"}
 
 
 def test_cli_verify_embedded_writes_json(tmp_path, capsys):
@@ -138,27 +138,6 @@ def test_verify_random_checkpoint_without_tokenizer_uses_random_ids(tmp_path):
     assert report.passed, report.format()
     assert "random token ids" in report.input_note
     assert report.rows[-1].name == "logits"  # the MLM head is compared when the checkpoint has one
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt2(tmp_path_factory):
-    """A random GPT-2 with a byte-level BPE tokenizer trained on the spot (no GPT-2 tokenizer is local)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    directory = tmp_path_factory.mktemp("tiny-gpt2")
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(["The meaning of life is to learn.", "Once upon a time there lived a cat."] * 5,
-                                  trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
-    fast.save_pretrained(directory)
-    config = transformers.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=48, n_layer=2, n_head=3,
-                                     bos_token_id=0, eos_token_id=0)
-    reference = randomize_(transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager"), 0.3)
-    reference.save_pretrained(directory)
-    return directory, fast, reference.eval()
 
 
 def test_verify_gpt2_every_block_row(tiny_gpt2):

@@ -42,10 +42,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"))
 
+    p = commands.add_parser("inspect", help="cache every tensor for one text; attention pictures and a summary",
+                            usage="scratch-models inspect [MODEL] TEXT [--pair TEXT] --out DIR [options]")
+    p.add_argument("model_and_text", nargs="+", metavar="[MODEL] TEXT",
+                   help="hub id, directory or weights file (default: the embedded all-MiniLM-L6-v2), then the text")
+    p.add_argument("--pair", help="second segment of a sentence pair (BERT)")
+    p.add_argument("--out", required=True, help="directory for attention.html, the PNGs and the summary")
+    p.add_argument("--layer", type=int, default=0, help="layer of the head view and the head PNG")
+    p.add_argument("--head", type=int, default=0, help="head of the head PNG and the neuron view")
+    p.add_argument("--token", type=int, default=0, help="query token (index) of the neuron view")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+
     args = parser.parse_args(argv)
+    if args.command == "inspect" and len(args.model_and_text) > 2:
+        parser.error("inspect takes [MODEL] TEXT: quote a text with spaces")
     _quiet_transformers()
     try:
-        return {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate}[args.command](args)
+        run = {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate, "inspect": _inspect}
+        return run[args.command](args)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
         print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -87,6 +101,19 @@ def _generate(args) -> int:
     lm.generate(input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
                 streamer=TextStreamer(tokenizer))
+    return 0
+
+
+def _inspect(args) -> int:
+    from .inspect_cmd import inspect
+
+    *model, text = args.model_and_text
+    result = inspect(model[0] if model else None, text, pair=args.pair, out=args.out, layer=args.layer,
+                     head=args.head, token=args.token, device=args.device)
+    print(f"inspect {result.model}: {len(result.tokens)} tokens: {' '.join(result.tokens)}")
+    for path in result.files:
+        print(f"  wrote {path}")
+    print(f"  in {result.seconds:.1f} s")
     return 0
 
 

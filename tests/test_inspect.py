@@ -1,0 +1,322 @@
+"""Looking inside: cached tensors against transformers, edits through hooks, pictures, summary, `inspect`."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from PIL import Image, ImageStat
+
+from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
+from scratch_models import attention as attention_module
+from scratch_models.attention_plots import GRID_CELL, GRID_LEFT, GRID_TOP, attention_grid_png, head_png
+from scratch_models.inspection import AttentionCapture, attention_names, format_summary, summarize
+from scratch_models_cli.cli import main
+from scratch_models_cli.docs import OUTPUT_FIELDS, hook_names_markdown
+from scratch_models_cli.verify import embedded_checkpoint
+from helpers import LOGITS_ATOL, assert_parity, randomize_
+
+MINILM = embedded_checkpoint()
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    batch = tokenizer(["Time flies like an arrow.", "A man plays a guitar."],
+                      ["Fruit flies like a banana.", "The crowd listens closely to every note he plays."],
+                      padding=True, return_tensors="pt")
+    return tokenizer, BertModel.from_pretrained(MINILM), dict(batch)
+
+
+def check_output_fields(family: str, cache: dict, reference_out, num_layers: int, atol: float = 1e-5):
+    """Every equality docs/hook_names.md claims (OUTPUT_FIELDS) holds against transformers' outputs."""
+    fields = {k: v for k, v in reference_out.items() if v is not None}
+    checked = 0
+    for pattern, expression in OUTPUT_FIELDS[family].items():
+        for i in range(num_layers) if "{i}" in pattern else [None]:
+            if family == "gpt2" and pattern == "layers.{i}.out" and i == num_layers - 1:
+                continue  # transformers puts ln_f in the last block's place, as the page says
+            name = pattern.format(i=i)
+            if name not in cache or expression.split("[")[0] not in fields:
+                continue
+            ref = eval(expression, {}, {**fields, "i": i})  # the page's own words, e.g. hidden_states[i + 1]
+            assert_parity(cache[name], ref, f"{name} = {expression}", atol=max(atol, 1e-5))
+            checked += 1
+    return checked
+
+
+def test_minilm_cache_equals_transformers_at_every_documented_point(minilm):
+    _, model, batch = minilm
+    reference = transformers.BertModel.from_pretrained(MINILM, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out, cache = model.run_with_cache(**batch)
+        ref = reference(**batch, output_hidden_states=True, output_attentions=True)
+    assert set(cache) == set(model.hook_names())
+    # embeddings.out, 6 x attention probabilities, 6 x layer output, pooler
+    assert check_output_fields("bert", cache, ref, num_layers=6) == 1 + 6 + 6 + 1
+    assert torch.equal(out.last_hidden_state, cache["layers.5.out"])
+
+
+def test_bert_mlm_logits_in_cache_equal_transformers(tmp_path):
+    config = transformers.BertConfig(vocab_size=101, hidden_size=45, num_hidden_layers=2, num_attention_heads=5,
+                                     intermediate_size=37, type_vocab_size=2)
+    reference = randomize_(transformers.BertForMaskedLM._from_config(config, attn_implementation="eager"), 0.3)
+    reference.save_pretrained(tmp_path)
+    model = BertForMaskedLM.from_pretrained(tmp_path)
+    ids = torch.randint(101, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids).index_fill_(1, torch.tensor([7, 8]), 0)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids, attention_mask=mask)
+        ref = reference.eval()(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    # embeddings.out, 2 x probs, 2 x layer output, logits
+    assert check_output_fields("bert", cache, ref, num_layers=2, atol=LOGITS_ATOL) == 1 + 2 + 2 + 1
+
+
+def test_gpt2_cache_equals_transformers_at_every_documented_point(tiny_gpt2):
+    directory, tokenizer, reference = tiny_gpt2
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    batch = dict(tokenizer(["Once upon a time", "The meaning of life is to learn"], padding=True,
+                           return_tensors="pt"))
+    with torch.no_grad():
+        out, cache = model.run_with_cache(**batch)
+        ref = reference(**batch, output_hidden_states=True, output_attentions=True)
+    # embeddings.out, 2 x probs, the first block's output, ln_f, logits
+    assert check_output_fields("gpt2", cache, ref, num_layers=2, atol=LOGITS_ATOL) == 1 + 2 + 1 + 1 + 1
+    # the exception the page states: the last block's output is not hidden_states[-1], ln_f is
+    assert not torch.allclose(cache["layers.1.out"], ref.hidden_states[-1])
+    assert torch.equal(out.logits, cache["logits"])
+
+
+def zero_value_weights_of_head(model, layer: int, head: int):
+    attn = model.layers[layer].attn
+    rows = slice(head * attn.head_dim, (head + 1) * attn.head_dim)
+    with torch.no_grad():
+        if hasattr(attn, "value"):  # BERT: nn.Linear, weight [out, in]
+            attn.value.weight[rows] = 0
+            attn.value.bias[rows] = 0
+        else:  # GPT-2: Conv1D, weight [in, 3 * out] holding q, k, v side by side
+            hidden = attn.c_proj.weight.shape[0]
+            columns = slice(2 * hidden + rows.start, 2 * hidden + rows.stop)
+            attn.c_attn.weight[:, columns] = 0
+            attn.c_attn.bias[columns] = 0
+
+
+def kill_head(head: int):
+    def edit(context, name):
+        context = context.clone()
+        context[:, head] = 0
+        return context
+    return edit
+
+
+def test_zeroing_a_heads_output_equals_zeroing_its_value_weights_bert(minilm):
+    _, model, batch = minilm
+    with torch.no_grad():
+        clean = model(**batch).last_hidden_state
+        edited = model.run_with_hooks(**batch, hooks=[("layers.2.attn.context", kill_head(5))]).last_hidden_state
+        surgery = BertModel.from_pretrained(MINILM)
+        zero_value_weights_of_head(surgery, layer=2, head=5)
+        expected = surgery(**batch).last_hidden_state
+    assert torch.equal(edited, expected)
+    assert float((edited - clean).abs().max()) > 1e-3  # the head mattered
+
+
+def test_zeroing_a_heads_output_equals_zeroing_its_value_weights_gpt2(tiny_gpt2):
+    directory, _, _ = tiny_gpt2
+    ids = torch.arange(3, 23)[None]
+    with torch.no_grad():
+        model = GPT2LMHeadModel.from_pretrained(directory)
+        edited = model.run_with_hooks(ids, hooks=[("layers.0.attn.context", kill_head(1))]).logits
+        zero_value_weights_of_head(model, layer=0, head=1)
+        expected = model(ids).logits
+    assert torch.equal(edited, expected)
+
+
+def test_patching_a_layer_output_carries_the_other_runs_values_downstream(minilm):
+    tokenizer, model, _ = minilm
+    # same length and no padding, so only the residual stream differs between the runs
+    clean = tokenizer(["The cat sat on the mat."], return_tensors="pt")
+    corrupt = tokenizer(["The dog lay on the rug."], return_tensors="pt")
+    assert clean["input_ids"].shape == corrupt["input_ids"].shape
+    with torch.no_grad():
+        corrupt_out, corrupt_cache = model.run_with_cache(**corrupt, names=lambda n: n.endswith(".out"))
+        clean_out = model(**clean)
+        patched_out, patched_cache = model.run_with_cache(
+            **clean, names=lambda n: n.endswith(".out"),
+            hooks=[("layers.2.out", lambda t, name: corrupt_cache[name])])
+    for name in ("layers.3.out", "layers.5.out", "pooler.out"):
+        assert torch.equal(patched_cache[name], corrupt_cache[name]), name
+    assert torch.equal(patched_out.pooler_output, corrupt_out.pooler_output)
+    assert not torch.equal(patched_cache["layers.1.out"], corrupt_cache["layers.1.out"])  # upstream untouched
+    assert not torch.equal(clean_out.pooler_output, corrupt_out.pooler_output)
+
+
+def test_hook_api_names_context_manager_and_errors(minilm, monkeypatch):
+    _, model, batch = minilm
+    names = model.hook_names()
+    assert names[:5] == ["embeddings.word", "embeddings.token_type", "embeddings.position", "embeddings.sum",
+                         "embeddings.out"]
+    assert names[-1] == "pooler.out" and len(names) == 5 + 6 * 14 + 1
+    assert set(model.hook_docs()) == set(names) and all(model.hook_docs().values())
+
+    fused_calls = []
+    real_sdpa = attention_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
+                        lambda *a, **k: fused_calls.append(1) or real_sdpa(*a, **k))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**batch, names=["layers.3.attn.probs", "layers.0.mlp.post_act"])
+        assert list(cache) == ["layers.0.mlp.post_act", "layers.3.attn.probs"]  # forward order
+        assert cache["layers.3.attn.probs"].shape == (2, 12, batch["input_ids"].shape[1], batch["input_ids"].shape[1])
+        assert len(fused_calls) == 5  # layer 3 took the explicit path for this call only
+        model(**batch)
+        assert len(fused_calls) == 11  # and the next call is fused again in every layer
+
+        seen = []
+        with model.hooks([("layers.1.out", lambda t, name: seen.append(name))]):  # None: leave the tensor be
+            inside = model(**batch).last_hidden_state
+        assert seen == ["layers.1.out"]
+        assert torch.equal(inside, model(**batch).last_hidden_state)
+        model(**batch)
+        assert seen == ["layers.1.out"]  # detached when the block ended
+        assert not any(p.active for p in model.hook_points().values())
+
+    with pytest.raises(ValueError, match=r"unknown hook point 'layers.3.attn.prob'; did you mean layers.3.attn.probs"):
+        model.run_with_cache(**batch, names=["layers.3.attn.prob"])
+    with pytest.raises(ValueError, match="did you mean .*layers.2.mlp.post_act"):
+        model.run_with_hooks(**batch, hooks=[("layers.2.ffn.post_act", lambda t, n: None)])
+
+
+@pytest.fixture(scope="module")
+def pair_capture(minilm):
+    tokenizer, model, _ = minilm
+    batch = tokenizer("time flies like an arrow", "fruit flies like a banana", return_tensors="pt")
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**batch, names=attention_names)
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+    b_start = batch["token_type_ids"][0].tolist().index(1)
+    return AttentionCapture.from_cache(cache, tokens, sentence_b_start=b_start), cache
+
+
+def test_attention_capture_holds_one_sequence_of_every_layer(pair_capture):
+    capture, cache = pair_capture
+    seq = len(capture.tokens)
+    assert capture.probs.shape == (6, 12, seq, seq) and capture.q.shape == (6, 12, seq, 32)
+    assert torch.equal(capture.probs[3], cache["layers.3.attn.probs"][0])
+    assert capture.tokens[capture.sentence_b_start - 1] == "[SEP]"
+    with pytest.raises(ValueError, match="tokens: 3 given for attention over"):
+        AttentionCapture.from_cache(cache, capture.tokens[:3])
+    with pytest.raises(ValueError, match="lacks layers.0.attn.q"):
+        AttentionCapture.from_cache({k: v for k, v in cache.items() if k != "layers.0.attn.q"}, capture.tokens)
+
+
+def png_pixels(path):
+    with Image.open(path) as image:
+        image.verify()  # a well-formed PNG
+    image = Image.open(path)
+    assert image.format == "PNG"
+    return image
+
+
+def test_pngs_are_real_images_of_the_documented_size(pair_capture, tmp_path):
+    capture, _ = pair_capture
+    grid = png_pixels(attention_grid_png(capture, tmp_path / "grid.png"))
+    assert GRID_CELL == 80 and GRID_LEFT == 60 and GRID_TOP == 50  # the size contract in the module docstring
+    assert grid.size == (60 + 12 * 80, 50 + 6 * 80)
+    head = png_pixels(head_png(capture, 2, 3, tmp_path / "head.png"))
+    assert head.size == (800, 800)
+    for image in (grid, head):
+        assert max(ImageStat.Stat(image.convert("L")).stddev) > 20  # drawn on, not blank
+    with pytest.raises(ValueError, match="head=12 is out of range"):
+        head_png(capture, 0, 12, tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_summary_describes_every_cached_tensor(tiny_gpt2):
+    directory, _, _ = tiny_gpt2
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.arange(5, 12)[None])
+    rows = summarize(cache)
+    assert [r["name"] for r in rows] == model.hook_names()
+    probs = next(r for r in rows if r["name"] == "layers.1.attn.probs")
+    tensor = cache["layers.1.attn.probs"].double()
+    assert probs["shape"] == [1, 3, 7, 7] and probs["masked"] == 0
+    assert probs["mean"] == pytest.approx(float(tensor.mean())) and probs["max"] == pytest.approx(float(tensor.max()))
+    scores = next(r for r in rows if r["name"] == "layers.0.attn.scores")
+    assert scores["masked"] == 3 * (7 * 6 // 2)  # the causal mask's upper triangle, apart from the statistics
+    assert scores["min"] > -1e3
+    text = format_summary(rows)
+    assert text.splitlines()[0].split() == ["name", "shape", "dtype", "mean", "std", "min", "max", "masked"]
+    assert len(text.splitlines()) == len(rows) + 1
+    assert re.search(r"^layers\.0\.attn\.scores +1x3x7x7 +float32 .* 63$", text, re.M)
+
+
+def test_cli_inspect_embedded_pair_writes_every_picture_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out"
+    assert main(["inspect", "time flies like an arrow", "--pair", "fruit flies like a banana", "--out", str(out),
+                 "--layer", "2", "--head", "3", "--token", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "[CLS] time flies like an arrow [SEP] fruit flies like a banana [SEP]" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["attention.html", "attention_grid.png", "head_L2_H3.png",
+                                                      "summary.json", "summary.txt"]
+    page = (out / "attention.html").read_text(encoding="utf-8")
+    assert not re.search(r"https?://", page) and "<script" in page
+    assert png_pixels(out / "attention_grid.png").size == (1020, 530)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [t["name"] for t in summary["tensors"]] == BertModel.from_pretrained(MINILM).hook_names()
+    assert summary["tokens"][6] == "[SEP]" and (out / "summary.txt").read_text().count("\n") > 90
+
+
+def test_cli_inspect_gpt2_and_errors_leave_nothing(tiny_gpt2, tmp_path, capsys):
+    directory, _, _ = tiny_gpt2
+    assert main(["inspect", str(directory), "Once upon a time", "--out", str(tmp_path / "g"), "--head", "2"]) == 0
+    assert (tmp_path / "g" / "head_L0_H2.png").is_file()
+    capsys.readouterr()
+
+    assert main(["inspect", str(directory), "Once", "--out", str(tmp_path / "bad"), "--head", "3"]) == 2
+    assert "--head 3 is out of range 0..2" in capsys.readouterr().err
+    assert main(["inspect", str(directory), "Once", "--pair", "upon", "--out", str(tmp_path / "bad")]) == 2
+    assert "--pair: gpt2 has no sentence pairs" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # checked before anything is written
+
+
+def test_our_attentions_feed_bertviz_unchanged(minilm):
+    import bertviz  # in the test extras: a missing bertviz fails here rather than skipping
+
+    tokenizer, model, _ = minilm
+    batch = tokenizer("time flies like an arrow", "fruit flies like a banana", return_tensors="pt")
+    with torch.no_grad():
+        attentions = model(**batch, output_attentions=True).attentions
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+    b_start = batch["token_type_ids"][0].tolist().index(1)
+    head = bertviz.head_view(attentions, tokens, sentence_b_start=b_start, html_action="return")
+    grid = bertviz.model_view(attentions, tokens, sentence_b_start=b_start, html_action="return")
+    ours = torch.stack(attentions).squeeze(1).double()  # layer x head x query x key
+    for html in (head.data, grid.data):
+        # bertviz inlines its parameters as JSON; what it draws must be exactly our tensor
+        params, _ = json.JSONDecoder().raw_decode(html, html.index('{"attention": '))
+        everything = params["attention"][0]
+        assert everything["left_text"] == tokens
+        assert torch.equal(torch.tensor(everything["attn"], dtype=torch.float64), ours)
+        a_to_b = next(view for view in params["attention"] if view["name"] == "Sentence A -> Sentence B")
+        assert torch.equal(torch.tensor(a_to_b["attn"], dtype=torch.float64), ours[:, :, :b_start, b_start:])
+
+
+def test_hook_names_page_is_generated_from_the_current_code():
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_docs.py"), "--check"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"regenerate with `python scripts/make_docs.py`: {done.stdout}{done.stderr}"
+    page = (REPO / "docs" / "hook_names.md").read_text(encoding="utf-8")
+    assert page == hook_names_markdown()
+    listed = set(re.findall(r"^\| `([^`]+)` \|", page, re.M))
+    real = BertModel.from_pretrained(MINILM).hook_names()
+    assert {re.sub(r"^layers\.\d+\.", "layers.{i}.", n) for n in real} <= listed
+    assert "`layers.{i}.out` | [b, s, h] the layer's output, after the MLP's LayerNorm | `hidden_states[i + 1]`" in page
