@@ -19,7 +19,7 @@ from .activations import get_activation
 from .attention import attend, padding_mask
 from .config import BertConfig
 from .hooks import HookPoint
-from .inputs import check_ids, check_same_shape
+from .inputs import check_ids, check_mask
 from .outputs import BaseModelOutputWithPooling, MaskedLMOutput
 from .pretrained import PretrainedModel
 
@@ -160,15 +160,20 @@ class BertModel(PretrainedModel):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> BaseModelOutputWithPooling:
-        """input_ids [b, s]; attention_mask [b, s] 1 keep / 0 pad; token_type_ids [b, s] (default 0);
-        position_ids [b, s] or [1, s] (default 0..s-1)."""
+        """input_ids [b, s]; attention_mask [b, s] 1 keep / 0 pad (bool, integer or float; an additive mask is
+        refused); token_type_ids [b, s] (default 0); position_ids [b, s] or [1, s] (default 0..s-1).
+
+        A row whose attention_mask is all 0 is legal: no key is left to attend to, so its attention spreads
+        evenly over all of its keys (as transformers' eager attention does; its SDPA path gives other numbers).
+        Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError naming them."""
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
         batch, seq = input_ids.shape
         if position_ids is None:
             if seq > config.max_position_embeddings:
                 raise ValueError(f"input_ids has {seq} positions; this model has "
-                                 f"max_position_embeddings={config.max_position_embeddings}")
+                                 f"max_position_embeddings={config.max_position_embeddings}, so a sequence "
+                                 f"may be at most {config.max_position_embeddings} tokens long")
             position_ids = torch.arange(seq, device=input_ids.device)[None, :]
         check_ids("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
                   shapes=((batch, seq), (1, seq)))
@@ -176,7 +181,7 @@ class BertModel(PretrainedModel):
             token_type_ids = torch.zeros_like(input_ids)
         check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
                   shapes=((batch, seq),))
-        check_same_shape("attention_mask", attention_mask, (batch, seq))
+        check_mask("attention_mask", attention_mask, (batch, seq))
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = padding_mask(attention_mask, x.dtype)  # built once, shared by every layer
@@ -213,7 +218,8 @@ class BertForMaskedLM(BertModel):
         logits = self.logits(self.mlm_head(out.last_hidden_state, self.embeddings.word_embeddings.weight))
         loss = None
         if labels is not None:
-            check_same_shape("labels", labels, tuple(input_ids.shape))
+            check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
+                      ignore=-100)
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         return MaskedLMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
                               attentions=out.attentions)

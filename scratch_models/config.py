@@ -7,6 +7,7 @@ not implement (relative positions, a decoder BERT, untied heads) are refused rat
 
 import dataclasses
 import json
+import math
 import types
 from pathlib import Path
 
@@ -52,6 +53,8 @@ class _Config:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"{path}: config.json not found") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read config.json ({type(e).__name__}: {e})") from None
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
@@ -91,8 +94,8 @@ def _checked(value, field: dataclasses.Field, source: str):
 
 def _require_positive(config, source: str, *names: str) -> None:
     for name in names:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{source}: field {name!r} must be positive, got {getattr(config, name)}")
+        if not 0 < getattr(config, name) < math.inf:  # JSON as Python reads it allows NaN and Infinity
+            raise ConfigError(f"{source}: field {name!r} must be positive and finite, got {getattr(config, name)}")
 
 
 def _require_probability(config, source: str, *names: str) -> None:

@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .inputs import check_same_shape
+from .inputs import check_ids, check_mask
 
 
 class KVCache:
@@ -26,6 +26,11 @@ class KVCache:
         self.length = 0  # tokens held by every layer
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    @property
+    def batch_size(self) -> int | None:
+        """Rows held, or None before the first write."""
+        return None if self.keys[0] is None else self.keys[0].shape[0]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k, v [b, n, s, d] after the tokens held; return all keys and values [b, n, length + s, d].
@@ -93,20 +98,26 @@ class GenerationMixin:
         `streamer`: anything with `put(token_ids)` and `end()`, called as transformers calls its streamers.
         """
         config = self.config
+        check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
         batch, prompt_len = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        check_same_shape("attention_mask", attention_mask, (batch, prompt_len))
+        check_mask("attention_mask", attention_mask, (batch, prompt_len))
         eos = config.eos_token_id if eos_token_id is None else eos_token_id
         pad = next((t for t in (pad_token_id, config.pad_token_id, eos) if t is not None), None)
         _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p, eos, pad, config.vocab_size)
         # Positions count a row's real tokens, so a left-padded prompt starts at position 0 like an unpadded one;
         # padding sits at position 0 (masked anyway). transformers' generate does the same.
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
-        last_position = int(positions[:, -1].max()) + max_new_tokens - 1  # the last generated token is not fed
+        prompt_end = int(positions[:, -1].max())  # the position of the longest prompt's last token
+        if prompt_end >= config.n_positions:
+            raise ValueError(f"input_ids: the longest prompt has {prompt_end + 1} tokens; this model has "
+                             f"n_positions={config.n_positions}")
+        last_position = prompt_end + max_new_tokens - 1  # the last generated token is not fed
         if last_position >= config.n_positions:
             raise ValueError(f"generating {max_new_tokens} tokens after these prompts reaches position "
-                             f"{last_position}; this model has n_positions={config.n_positions}")
+                             f"{last_position}; this model has n_positions={config.n_positions}, so at most "
+                             f"max_new_tokens={config.n_positions - prompt_end} fit")
 
         cache = KVCache(config.n_layer, capacity=prompt_len + max_new_tokens - 1)
         unfinished = torch.ones(batch, dtype=torch.bool, device=input_ids.device)
@@ -137,7 +148,7 @@ class GenerationMixin:
 
 
 def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p, eos, pad, vocab_size) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if do_sample and not temperature > 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature!r} (greedy: do_sample=False)")

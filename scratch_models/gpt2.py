@@ -22,7 +22,7 @@ from .attention import attend, causal_mask
 from .config import GPT2Config
 from .generation import GenerationMixin, KVCache
 from .hooks import HookPoint
-from .inputs import check_ids, check_same_shape
+from .inputs import check_ids, check_mask
 from .outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from .pretrained import PretrainedModel
 
@@ -155,20 +155,32 @@ class GPT2Model(PretrainedModel):
         """input_ids [b, s]: the new tokens; attention_mask [b, p + s] 1 keep / 0 pad, covering the cached tokens
         too; position_ids [b, s] or [1, s] (default p .. p+s-1, as in transformers' forward: a left-padded row
         wants its own, see `generate`); past_key_values: a KVCache to attend to and extend, or None (then
-        `use_cache=True` starts one). The cache in use is returned as `past_key_values`."""
+        `use_cache=True` starts one). The cache in use is returned as `past_key_values`.
+
+        A query that may see no key (its row of attention_mask all 0 up to it, e.g. left padding) is legal: its
+        attention spreads evenly over all keys, as transformers' eager attention does (its SDPA path gives other
+        numbers there). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
+        naming them; a bad call leaves the cache as it was."""
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
         batch, seq = input_ids.shape
+        if past_key_values is not None and not isinstance(past_key_values, KVCache):
+            raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
+                             f"got {type(past_key_values).__name__}")
+        if past_key_values is not None and past_key_values.batch_size not in (None, batch):
+            raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds "
+                             f"{past_key_values.batch_size} rows")
         cache = KVCache(config.n_layer) if past_key_values is None and use_cache else past_key_values
         past = cache.length if cache is not None else 0
         if position_ids is None:
             if past + seq > config.n_positions:
                 raise ValueError(f"{past} cached and {seq} new tokens need positions up to {past + seq - 1}; "
-                                 f"this model has n_positions={config.n_positions}")
+                                 f"this model has n_positions={config.n_positions}, so at most "
+                                 f"{config.n_positions} tokens fit, cached ones included")
             position_ids = torch.arange(past, past + seq, device=input_ids.device)[None, :]
         check_ids("position_ids", position_ids, config.n_positions, "n_positions",
                   shapes=((batch, seq), (1, seq)))
-        check_same_shape("attention_mask", attention_mask, (batch, past + seq))
+        check_mask("attention_mask", attention_mask, (batch, past + seq))
 
         x = self.embeddings(input_ids, position_ids)
         mask = causal_mask(attention_mask, seq, past, x.dtype, x.device)  # built once, shared by every layer
@@ -201,12 +213,15 @@ class GPT2LMHeadModel(GPT2Model, GenerationMixin):
                 labels=None) -> CausalLMOutputWithPast:
         """As GPT2Model.forward; `labels` [b, s] (-100 = not scored, usually input_ids) adds the cross-entropy
         loss of predicting labels[:, t + 1] from position t."""
+        if labels is not None:  # checked before the forward pass, which would already have extended a cache
+            check_ids("input_ids", input_ids, self.config.vocab_size, "vocab_size")
+            check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
+                      ignore=-100)
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         logits = self.logits(F.linear(out.last_hidden_state, self.embeddings.wte.weight))
         loss = None
         if labels is not None:
-            check_same_shape("labels", labels, tuple(input_ids.shape))
             # in fp32, as transformers computes it; the last position has no next token to score
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                    labels[:, 1:].reshape(-1), ignore_index=-100)

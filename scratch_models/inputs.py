@@ -1,7 +1,8 @@
 """Checks on forward arguments: a bad argument is a ValueError that names it and the limit it broke.
 
 Without these, an id past the vocabulary is a bare IndexError on CPU and an asynchronous device assert on
-CUDA, and a mask of the wrong shape may silently broadcast.
+CUDA, a mask of the wrong shape may silently broadcast, and an additive mask (0 / -10000) is silently read as
+its opposite. Each range check is one reduction and one host sync, taken before the embedding lookup.
 """
 
 import torch
@@ -9,10 +10,11 @@ import torch
 _INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def check_ids(name: str, ids, limit: int, limit_name: str, shapes: tuple[tuple[int, ...], ...] | None = None):
-    """`ids` is an integer tensor of one of `shapes` (any 2-D shape if None) with 0 <= ids < limit."""
-    if not isinstance(ids, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+def check_ids(name: str, ids, limit: int, limit_name: str, shapes: tuple[tuple[int, ...], ...] | None = None,
+              ignore: int | None = None):
+    """`ids` is an integer tensor of one of `shapes` (any non-empty 2-D shape if None) with 0 <= ids < limit,
+    except entries equal to `ignore` (the -100 of labels that are not scored)."""
+    _check_tensor(name, ids)
     if ids.dtype not in _INTEGER:
         raise ValueError(f"{name} must hold integers (torch.long), got dtype {ids.dtype}")
     if shapes is None:
@@ -23,17 +25,35 @@ def check_ids(name: str, ids, limit: int, limit_name: str, shapes: tuple[tuple[i
     elif tuple(ids.shape) not in shapes:
         raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected {' or '.join(map(str, shapes))}")
     bad = (ids < 0) | (ids >= limit)
+    if ignore is not None:
+        bad &= ids != ignore
     if bool(bad.any()):
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"{name}{list(where)} = {int(ids[where])} is out of range: "
-                         f"must be 0 <= id < {limit_name} = {limit}")
+        _raise_at(name, ids, bad, f"is out of range: must be 0 <= id < {limit_name} = {limit}"
+                  + (f" (or {ignore}: not scored)" if ignore is not None else ""))
 
 
-def check_same_shape(name: str, tensor, shape: tuple[int, ...]):
-    """`tensor` is None or has exactly `shape`."""
-    if tensor is None:
+def check_mask(name: str, mask, shape: tuple[int, ...]):
+    """`mask` is None, or a bool, integer or float tensor of exactly `shape` holding only 1 (attend) and 0 (pad)."""
+    if mask is None:
         return
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tuple(tensor.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
+    _check_tensor(name, mask)
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shape}")
+    if not (mask.dtype == torch.bool or mask.dtype in _INTEGER or mask.is_floating_point()):
+        raise ValueError(f"{name} must be bool, integer or floating point, got dtype {mask.dtype}")
+    if mask.dtype != torch.bool:
+        bad = (mask != 0) & (mask != 1)
+        if bool(bad.any()):
+            _raise_at(name, mask, bad, "is not 1 (attend) or 0 (padding); an additive mask (0 / -inf) "
+                                       "is not accepted")
+
+
+def _check_tensor(name: str, value):
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def _raise_at(name: str, tensor: torch.Tensor, bad: torch.Tensor, why: str):
+    """A ValueError naming the first bad entry of `tensor`, its index and its value."""
+    where = tuple(int(i) for i in bad.nonzero()[0])
+    raise ValueError(f"{name}{list(where)} = {tensor[where].item()} {why}")

@@ -36,7 +36,9 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
                ) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
     """Our tensor name -> tensor for every name in `expected`, read from `checkpoint` through `table`.
 
-    Raises CheckpointError listing every missing, unexpected or mis-shaped tensor; nothing is returned then.
+    Raises CheckpointError listing every missing, unexpected or mis-shaped tensor, or naming a tensor that is not
+    floating point; nothing is returned then. Without `dtype`, every tensor must be stored in the same dtype
+    (a model of mixed dtypes would fail at its first matmul).
     """
     ours_by_checkpoint = table.tensor_names(num_layers)
     skipped = table.ignored_keys(num_layers)
@@ -69,11 +71,20 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
                                                 unexpected, misshaped))
 
     state = {}
+    stored: dict[torch.dtype, str] = {}  # dtype as stored -> the first key stored in it
     for name, key in sources.items():
         tensor = checkpoint.tensor(key)
-        if dtype is not None and tensor.is_floating_point():
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{checkpoint.source}: tensor {key!r} has dtype {tensor.dtype}; "
+                                  f"{model_name} needs floating-point weights")
+        stored.setdefault(tensor.dtype, key)
+        if dtype is not None:
             tensor = tensor.to(dtype)
         state[name] = tensor.to(device) if device is not None else tensor
+    if dtype is None and len(stored) > 1:
+        raise CheckpointError(f"{checkpoint.source}: tensors are stored in several dtypes "
+                              f"({', '.join(f'{d} such as {k!r}' for d, k in stored.items())}); "
+                              "pass dtype= to cast them all to one")
     info = LoadingInfo(
         source=checkpoint.source,
         files=[str(f) for f in checkpoint.files],
@@ -89,9 +100,13 @@ def _mismatch_message(checkpoint, table, model_name, num_layers, expected, missi
     checkpoint_by_ours = {ours: ckpt for ckpt, ours in table.tensor_names(num_layers).items()}
     lines = [f"{checkpoint.source}: checkpoint does not fit {model_name} "
              f"({table.family} table, {table.layers_field}={num_layers})"]
+    if unexpected and not misshaped and len(missing) == len(expected):
+        lines.append(f"none of the checkpoint's tensors is in the {table.family} table: is this a checkpoint of "
+                     "another architecture?")
     if misshaped:
         lines.append(f"{len(misshaped)} tensor(s) with the wrong shape (checkpoint vs model):")
-        lines += [f"  {key}: {tuple(got)} in the checkpoint, {want} expected" for key, got, want in misshaped]
+        lines += [f"  {key}: {tuple(got)} in the checkpoint, {want} expected from config.json"
+                  for key, got, want in misshaped]
     if missing:
         lines.append(f"{len(missing)} tensor(s) missing from the checkpoint:")
         lines += [f"  {checkpoint_by_ours.get(name, name)} {tuple(expected[name])} (our {name})"

@@ -91,7 +91,9 @@ def _weights_in(directory: Path) -> Path:
     for name in WEIGHT_FILES:
         if (directory / name).is_file():
             return directory / name
-    raise CheckpointError(f"{directory}: no weights file; looked for {', '.join(WEIGHT_FILES)}")
+    present = sorted(p.name for p in directory.iterdir())
+    raise CheckpointError(f"{directory}: no weights file; looked for {', '.join(WEIGHT_FILES)}; the directory "
+                          f"holds {', '.join(present[:10]) or 'nothing'}{' ...' if len(present) > 10 else ''}")
 
 
 def _shard_files(weights: Path) -> tuple[list[Path], dict | None]:
@@ -100,10 +102,7 @@ def _shard_files(weights: Path) -> tuple[list[Path], dict | None]:
         if weights.suffix not in (".safetensors", ".bin"):
             raise CheckpointError(f"{weights}: not a weights file (.safetensors, .bin or .index.json)")
         return [weights], None
-    try:
-        weight_map = json.loads(weights.read_text(encoding="utf-8"))["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{weights}: not a sharded-checkpoint index ({type(e).__name__}: {e})") from None
+    weight_map = _read_index(weights)
     files = []
     for shard in dict.fromkeys(weight_map.values()):
         file = weights.parent / shard
@@ -111,6 +110,17 @@ def _shard_files(weights: Path) -> tuple[list[Path], dict | None]:
             raise CheckpointError(f"{weights}: names shard {shard!r}, which is not in {weights.parent}")
         files.append(file)
     return files, weight_map
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """A sharded checkpoint's index: tensor name -> shard file name."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not a sharded-checkpoint index ({type(e).__name__}: {e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: weight_map should map tensor names to shard file names")
+    return weight_map
 
 
 def _open_weights(path: Path):
@@ -155,39 +165,51 @@ def _looks_like_hub_id(name: str) -> bool:
 def _from_hub(repo_id: str) -> tuple[Path, Path]:
     """Download (or find in the cache) config.json and the weights of `repo_id`; nothing else is fetched."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, HFValidationError,
+                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+
+    not_cached = []
+
+    def fetch(filename: str) -> Path | None:
+        """`filename` from the cache or the hub; None if the repository lacks it or it is not cached offline."""
+        try:
+            return Path(hf_hub_download(repo_id, filename))
+        except LocalEntryNotFoundError:
+            not_cached.append(filename)
+            return None
+        except EntryNotFoundError:
+            return None
+        except HFValidationError as e:
+            raise CheckpointError(f"{repo_id}: no such local path, and not a valid hub model id ({e})") from None
+        except GatedRepoError:
+            raise CheckpointError(f"{repo_id}: the hub model is gated; accept its terms on huggingface.co and "
+                                  "log in (hf auth login)") from None
+        except RepositoryNotFoundError:
+            raise CheckpointError(f"{repo_id}: no such local path, and no such model on the hub (a private "
+                                  "model needs a login: hf auth login)") from None
+        except HfHubHTTPError as e:
+            raise CheckpointError(f"{repo_id}: fetching {filename} from the hub failed ({e})") from None
 
     def offline_error(filename):
         why = ("HF_HUB_OFFLINE is set" if _env_flag("HF_HUB_OFFLINE")
                else "the hub could not be reached")
         return CheckpointError(
-            f"{repo_id}: {filename} is not in the local Hugging Face cache and {why}; "
-            f"download it once with network access (cache: {_cache_dir()})")
+            f"{repo_id}: {filename} is not in the local Hugging Face cache and {why}, and there is no such "
+            f"local path; download it once with network access (cache: {_cache_dir()})")
 
-    try:
-        config_path = Path(hf_hub_download(repo_id, "config.json"))
-    except LocalEntryNotFoundError:
-        raise offline_error("config.json") from None
-    except RepositoryNotFoundError:
-        raise CheckpointError(f"{repo_id}: no such local path, and no such model on the hub") from None
-    except EntryNotFoundError:
-        raise CheckpointError(f"{repo_id}: the hub repository has no config.json") from None
-    not_cached = []
+    config_path = fetch("config.json")
+    if config_path is None:
+        raise offline_error("config.json") if not_cached else CheckpointError(
+            f"{repo_id}: the hub repository has no config.json")
     for name in WEIGHT_FILES:
-        try:
-            weights = Path(hf_hub_download(repo_id, name))
-        except LocalEntryNotFoundError:
-            not_cached.append(name)
-            continue
-        except EntryNotFoundError:
+        weights = fetch(name)
+        if weights is None:
             continue
         if name.endswith(".index.json"):
-            shards = dict.fromkeys(json.loads(weights.read_text(encoding="utf-8"))["weight_map"].values())
-            for shard in shards:
-                try:
-                    hf_hub_download(repo_id, shard)
-                except LocalEntryNotFoundError:
-                    raise offline_error(shard) from None
+            for shard in dict.fromkeys(_read_index(weights).values()):
+                if fetch(shard) is None:
+                    raise offline_error(shard) if shard in not_cached else CheckpointError(
+                        f"{weights}: names shard {shard!r}, which the hub repository {repo_id} lacks")
         return config_path, weights
     if not_cached:
         raise offline_error(" / ".join(not_cached))
