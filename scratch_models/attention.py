@@ -35,6 +35,8 @@ def causal_mask(attention_mask: torch.Tensor | None, query_len: int, past_len: i
     in the future and padded gets finfo.min once, not twice (-inf), and a padding query that may see no key at
     all gets a uniform row, as in transformers, instead of NaN.
     """
+    if attention_mask is None and query_len == 1:
+        return None  # one new token may see every key before it: the common decoding step, with no work
     see = torch.ones(query_len, past_len + query_len, dtype=torch.bool, device=device).tril(diagonal=past_len)
     see = see[None, None]  # [1, 1, query, key]
     if attention_mask is not None:
@@ -51,16 +53,21 @@ def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def attend(q, k, v, mask, *, scale: float, dropout_p: float, scores: HookPoint, probs: HookPoint,
-           explicit: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+           explicit: bool, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [batch, heads, query, head_dim], k, v [batch, heads, key, head_dim] -> (context [batch, heads, query,
     head_dim], probs or None).
 
+    `mask`: additive, broadcastable to [batch, heads, query, key], or None. `causal`: query i sees keys 0..i
+    only, with no mask given (the fused kernel then applies causality itself, and skips the blocked half).
     `explicit` (or anyone listening on the `scores` / `probs` hook points) takes the readable path and returns
     the probabilities [batch, heads, query, key]; otherwise the fused kernel runs and probs is None.
     """
     if not (explicit or scores.active or probs.active):
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                                 is_causal=causal)
         return context, None
+    if causal:
+        mask = causal_mask(None, q.shape[2], 0, q.dtype, q.device)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [batch, heads, query, key]: how well each query fits each key
     if mask is not None:
         s = s + mask

@@ -119,14 +119,23 @@ class GenerationMixin:
                              f"{last_position}; this model has n_positions={config.n_positions}, so at most "
                              f"max_new_tokens={config.n_positions - prompt_end} fit")
 
+        # Everything sized once: the cache, the output and the mask grow by writing into them, never by copying.
         cache = KVCache(config.n_layer, capacity=prompt_len + max_new_tokens - 1)
+        tokens = input_ids.new_empty(batch, prompt_len + max_new_tokens)
+        tokens[:, :prompt_len] = input_ids
+        padded = not bool(attention_mask.all())
+        if padded:  # without padding no mask is needed at all
+            full_mask = attention_mask.new_ones(batch, prompt_len + max_new_tokens)
+            full_mask[:, :prompt_len] = attention_mask
         unfinished = torch.ones(batch, dtype=torch.bool, device=input_ids.device)
-        tokens, step_ids, step_positions = input_ids, input_ids, positions  # the first step feeds the prompts
+        step_ids, step_positions = input_ids, positions  # the first step feeds the prompts
         if streamer is not None:
             streamer.put(input_ids.cpu())
+        length = prompt_len
         for _ in range(max_new_tokens):
-            logits = self(step_ids, attention_mask=attention_mask, position_ids=step_positions,
-                          past_key_values=cache).logits[:, -1].float()  # [b, V]: scores for the next token
+            logits = self(step_ids, attention_mask=full_mask[:, :length] if padded else None,
+                          position_ids=step_positions, past_key_values=cache,
+                          logits_to_keep=1).logits[:, -1].float()  # [b, V]: scores for the next token
             if do_sample:
                 probs = F.softmax(warp(logits, temperature, top_k, top_p), dim=-1)
                 next_ids = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
@@ -135,16 +144,16 @@ class GenerationMixin:
             if eos is not None:
                 next_ids = next_ids.masked_fill(~unfinished, pad)
                 unfinished &= next_ids != eos
-            tokens = torch.cat([tokens, next_ids[:, None]], dim=-1)
+            tokens[:, length] = next_ids
+            length += 1
             if streamer is not None:
                 streamer.put(next_ids.cpu())
-            if not bool(unfinished.any()):
+            if eos is not None and not bool(unfinished.any()):
                 break
-            step_ids, step_positions = next_ids[:, None], step_positions[:, -1:] + 1
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=-1)
+            step_ids, step_positions = tokens[:, length - 1:length], step_positions[:, -1:] + 1
         if streamer is not None:
             streamer.end()
-        return tokens
+        return tokens[:, :length]
 
 
 def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p, eos, pad, vocab_size) -> None:

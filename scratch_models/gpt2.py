@@ -83,7 +83,7 @@ class GPT2Attention(nn.Module):
     def split_heads(self, x):  # [b, s, h] -> [b, n, s, d]
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x, mask, cache: KVCache | None, need_probs: bool):
+    def forward(self, x, mask, causal: bool, cache: KVCache | None, need_probs: bool):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=2)
         q, k, v = self.q(self.split_heads(q)), self.k(self.split_heads(k)), self.v(self.split_heads(v))
         if cache is not None:
@@ -94,7 +94,7 @@ class GPT2Attention(nn.Module):
             k, v = k.contiguous(), v.contiguous()
         context, probs = attend(q, k, v, mask, scale=self.scale,
                                 dropout_p=self.attention_dropout if self.training else 0.0,
-                                scores=self.scores, probs=self.probs, explicit=need_probs)
+                                scores=self.scores, probs=self.probs, explicit=need_probs, causal=causal)
         merged = self.context(context).transpose(1, 2).reshape(x.shape)  # heads side by side: [b, s, h]
         return self.dropout(self.proj(self.c_proj(merged))), probs
 
@@ -131,8 +131,8 @@ class GPT2Block(nn.Module):
         self.mlp = GPT2MLP(config)
         self.out = HookPoint("[b, s, h] residual stream plus MLP: the block's output")
 
-    def forward(self, x, mask, cache: KVCache | None, need_probs: bool):
-        attn_out, probs = self.attn(self.ln_1(self.norm_1(x)), mask, cache, need_probs)
+    def forward(self, x, mask, causal: bool, cache: KVCache | None, need_probs: bool):
+        attn_out, probs = self.attn(self.ln_1(self.norm_1(x)), mask, causal, cache, need_probs)
         x = self.resid_mid(attn_out + x)  # sublayer output + residual, transformers' order
         return self.out(self.mlp(self.ln_2(self.norm_2(x))) + x), probs
 
@@ -183,10 +183,15 @@ class GPT2Model(PretrainedModel):
         check_mask("attention_mask", attention_mask, (batch, past + seq))
 
         x = self.embeddings(input_ids, position_ids)
-        mask = causal_mask(attention_mask, seq, past, x.dtype, x.device)  # built once, shared by every layer
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # nothing is padded
+        # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
+        # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
+        causal = attention_mask is None and past == 0 and seq > 1
+        mask = None if causal else causal_mask(attention_mask, seq, past, x.dtype, x.device)
         hidden_states, attentions = [x], []
         for layer in self.layers:
-            x, probs = layer(x, mask, cache, need_probs=output_attentions)
+            x, probs = layer(x, mask, causal, cache, need_probs=output_attentions)
             hidden_states.append(x)
             attentions.append(probs)
         if cache is not None:
@@ -210,16 +215,22 @@ class GPT2LMHeadModel(GPT2Model, GenerationMixin):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
-                labels=None) -> CausalLMOutputWithPast:
+                labels=None, logits_to_keep: int = 0) -> CausalLMOutputWithPast:
         """As GPT2Model.forward; `labels` [b, s] (-100 = not scored, usually input_ids) adds the cross-entropy
-        loss of predicting labels[:, t + 1] from position t."""
+        loss of predicting labels[:, t + 1] from position t. `logits_to_keep`: compute the logits of the last
+        that many positions only (0: all), as in transformers; decoding needs just the last one."""
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be an int >= 0, got {logits_to_keep!r}")
+        if labels is not None and logits_to_keep:
+            raise ValueError("labels need the logits of every position: leave logits_to_keep=0")
         if labels is not None:  # checked before the forward pass, which would already have extended a cache
             check_ids("input_ids", input_ids, self.config.vocab_size, "vocab_size")
             check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
                       ignore=-100)
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = self.logits(F.linear(out.last_hidden_state, self.embeddings.wte.weight))
+        hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
+        logits = self.logits(F.linear(hidden, self.embeddings.wte.weight))
         loss = None
         if labels is not None:
             # in fp32, as transformers computes it; the last position has no next token to score

@@ -1,8 +1,10 @@
 """`from_pretrained`: build the model without random init, fill it from a checkpoint through a mapping table."""
 
+import contextlib
 import logging
 
 import torch
+from torch import nn
 
 from .hooks import HookedModel
 
@@ -31,7 +33,7 @@ class PretrainedModel(HookedModel):
         checkpoint = open_checkpoint(name_or_path)
         config = cls.config_class.from_json_file(checkpoint.config_path)
         model_kwargs = cls.kwargs_for_checkpoint(checkpoint.keys()) | model_kwargs
-        with torch.device("meta"):  # shapes only: every tensor is replaced by the checkpoint's below
+        with torch.device("meta"), _no_init():  # shapes only: every tensor is replaced by the checkpoint's below
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(cls.mapping_table, checkpoint, expected,
@@ -46,6 +48,21 @@ class PretrainedModel(HookedModel):
     def kwargs_for_checkpoint(cls, keys: list[str]) -> dict:
         """Constructor arguments that depend on what the checkpoint holds (none by default)."""
         return {}
+
+
+@contextlib.contextmanager
+def _no_init():
+    """torch.nn.init's initialisers as no-ops while a model is built for loading: its tensors are about to be
+    replaced, and on the meta device torch's first `normal_` would import its decomposition library (~1.7 s)."""
+    names = [name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")]
+    saved = {name: getattr(nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -293,6 +293,52 @@ def test_use_cache_continues_with_default_positions(small):
     assert_parity(torch.cat([first.logits, rest.logits], dim=1), ref.logits, "logits", atol=LOGITS_ATOL)
 
 
+def test_unpadded_forward_uses_the_kernels_causal_mode_and_matches_both_paths(small, monkeypatch):
+    """Without padding no mask is built: SDPA applies causality itself (as transformers asks of it), and the
+    explicit path builds the same triangle; both agree with transformers."""
+    from scratch_models import attention as attention_module
+
+    reference, directory = small
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    ids = torch.randint(100, (2, 9), generator=torch.Generator().manual_seed(3))
+    calls = []
+    real = attention_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append((k["attn_mask"], k["is_causal"])) or real(*a, **k))
+    with torch.no_grad():
+        fused = model(ids, attention_mask=torch.ones_like(ids)).logits
+        explicit = model(ids, output_attentions=True)
+        ref = reference(ids, output_attentions=True)
+    assert calls == [(None, True)] * SMALL["n_layer"]
+    assert_parity(fused, ref.logits, "logits, fused causal", atol=LOGITS_ATOL)
+    assert_parity(explicit.logits, ref.logits, "logits, explicit", atol=LOGITS_ATOL)
+    assert_parity(explicit.attentions[1], ref.attentions[1], "attentions")
+
+
+def test_logits_to_keep_gives_the_last_positions_only(small):
+    _, directory = small
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    ids = torch.randint(100, (2, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(ids).logits
+        last = model(ids, logits_to_keep=1).logits
+    assert last.shape == (2, 1, SMALL["vocab_size"])
+    assert_parity(last, full[:, -1:], "last logits")  # not bitwise: a 1-row matmul may sum in another order
+    with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0, got -1"):
+        model(ids, logits_to_keep=-1)
+    with pytest.raises(ValueError, match="labels need the logits of every position"):
+        model(ids, labels=ids, logits_to_keep=1)
+
+
+def test_loading_skips_random_init_and_leaves_torch_init_alone(small):
+    _, directory = small
+    original = torch.nn.init.normal_
+    GPT2LMHeadModel.from_pretrained(directory)
+    assert torch.nn.init.normal_ is original
+    fresh = GPT2LMHeadModel(GPT2Config(**SMALL))  # built from a config: initialised as GPT-2 is
+    assert 0.015 < float(fresh.layers[0].attn.c_attn.weight.std()) < 0.025
+
+
 def test_greedy_generation_matches_transformers_token_for_token(small):
     reference, directory = small
     model = GPT2LMHeadModel.from_pretrained(directory)
