@@ -201,6 +201,8 @@ class BertModel(PretrainedModel):
 class BertForMaskedLM(BertModel):
     """BERT without the pooler, plus the masked-language-model head: logits over the vocabulary per position."""
 
+    checkpoint_prefixed = True
+
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=False)
         self.mlm_head = BertMLMHead(config)

@@ -209,6 +209,8 @@ class GPT2Model(PretrainedModel):
 class GPT2LMHeadModel(GPT2Model, GenerationMixin):
     """GPT-2 plus the language-model head: logits over the vocabulary for the token after each position."""
 
+    checkpoint_prefixed = True
+
     def __init__(self, config: GPT2Config):
         super().__init__(config)
         self.logits = HookPoint("[b, s, V] scores over the vocabulary for the next token, per position")

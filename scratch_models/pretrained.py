@@ -1,7 +1,9 @@
-"""`from_pretrained`: build the model without random init, fill it from a checkpoint through a mapping table."""
+"""`from_pretrained`: build the model without random init, fill it from a checkpoint through a mapping table;
+`save_pretrained`: the table run backwards, into the layout transformers writes."""
 
 import contextlib
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -16,6 +18,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class PretrainedModel(HookedModel):
     config_class = None  # the model family's config dataclass
     mapping_table = None  # the family's weight_mapping table
+    # a model with a head: transformers' class of that name holds the base model as `bert` / `transformer`, so
+    # its checkpoints put the table's base_prefix on base-model keys
+    checkpoint_prefixed = False
 
     @classmethod
     def from_pretrained(cls, name_or_path, *, dtype: torch.dtype | str | None = None, device=None,
@@ -43,6 +48,36 @@ class PretrainedModel(HookedModel):
         model.loading_info = info
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, name_or_path, info.summary())
         return model.eval()
+
+    def save_pretrained(self, directory, *, legacy: bool = False, dtype: torch.dtype | str | None = None
+                        ) -> list[Path]:
+        """Write config.json and model.safetensors into `directory` in the layout transformers 5 saves for its
+        class of the same name: its `from_pretrained` (and ours) loads them with no key missing or left over.
+
+        `legacy=True`: the original release's layout instead (BERT as bert-base-uncased: `bert.` prefix,
+        LayerNorm gamma/beta, the tied decoder weight stored; GPT-2 as the hub's gpt2: no prefix, no lm_head).
+        `dtype`: cast the tensors (default: as they are, which must then be one dtype). The files are written
+        beside `directory` and moved in only when complete; other files in `directory` are left alone.
+        Returns the two files.
+        """
+        from weight_mapping import checkpoint_state, write_checkpoint
+
+        dtype = as_dtype(dtype)
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"dtype {dtype} is not a floating-point type")
+        state = self.state_dict()
+        stored = {t.dtype for t in state.values()}
+        if dtype is None and len(stored) > 1:
+            raise ValueError(f"the model's tensors are in several dtypes ({', '.join(map(str, stored))}); "
+                             "pass dtype= to save them all in one")
+        dtype = dtype or stored.pop()
+        tensors = checkpoint_state(self.mapping_table, {name: t.to(dtype) for name, t in state.items()},
+                                   getattr(self.config, self.mapping_table.layers_field),
+                                   prefixed=self.checkpoint_prefixed, legacy=legacy)
+        # our classes carry transformers' class names; `dtype` is what transformers' dtype="auto" loads in
+        config = self.config.to_dict() | {"architectures": [type(self).__name__],
+                                          "dtype": str(dtype).removeprefix("torch.")}
+        return write_checkpoint(directory, config, tensors)
 
     @classmethod
     def kwargs_for_checkpoint(cls, keys: list[str]) -> dict:

@@ -1,6 +1,6 @@
-"""Checkpoint files <-> our models: one declarative table per model family, the readers, and the loader.
+"""Checkpoint files <-> our models: one declarative table per model family, the readers, the loader and the saver.
 
-Nothing here imports transformers: the tables are plain data and the readers use safetensors, torch and
+Nothing here imports transformers: the tables are plain data; the readers and the saver use safetensors, torch and
 huggingface_hub only.
 """
 
@@ -8,7 +8,8 @@ from .bert import BERT
 from .gpt2 import GPT2
 from .loading import LoadingInfo, load_state
 from .readers import Checkpoint, CheckpointError, open_checkpoint
+from .saving import checkpoint_state, staged, write_checkpoint
 from .table import MappingTable, Row
 
-__all__ = ["BERT", "GPT2", "Checkpoint", "CheckpointError", "LoadingInfo", "MappingTable", "Row", "load_state",
-           "open_checkpoint"]
+__all__ = ["BERT", "GPT2", "Checkpoint", "CheckpointError", "LoadingInfo", "MappingTable", "Row", "checkpoint_state",
+           "load_state", "open_checkpoint", "staged", "write_checkpoint"]

@@ -13,7 +13,7 @@ BERT = MappingTable(
         Row("embeddings.word_embeddings",                "embeddings.word_embeddings",        WEIGHT),
         Row("embeddings.position_embeddings",            "embeddings.position_embeddings",    WEIGHT),
         Row("embeddings.token_type_embeddings",          "embeddings.token_type_embeddings",  WEIGHT),
-        Row("embeddings.LayerNorm",                      "embeddings.norm",                   WEIGHT_BIAS),
+        Row("embeddings.LayerNorm",                      "embeddings.norm",                   WEIGHT_BIAS, legacy=True),
         Row("embeddings",                                "embeddings.out",   compare=True, boundary=True),
         # one encoder layer, post-LN: x = LN(x + attention(x)); x = LN(x + FFN(x))
         Row("encoder.layer.{i}.attention.self.query",    "layers.{i}.attn.query",             WEIGHT_BIAS),
@@ -21,19 +21,20 @@ BERT = MappingTable(
         Row("encoder.layer.{i}.attention.self.value",    "layers.{i}.attn.value",             WEIGHT_BIAS),
         Row("encoder.layer.{i}.attention.self",          "layers.{i}.attn.probs",  compare=True, pick=1),
         Row("encoder.layer.{i}.attention.output.dense",  "layers.{i}.attn.dense",             WEIGHT_BIAS),
-        Row("encoder.layer.{i}.attention.output.LayerNorm", "layers.{i}.attn.norm",           WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.output.LayerNorm", "layers.{i}.attn.norm",           WEIGHT_BIAS, legacy=True),
         Row("encoder.layer.{i}.attention",               "layers.{i}.attn.out",    compare=True, pick=0),
         Row("encoder.layer.{i}.intermediate.dense",      "layers.{i}.mlp.up",                 WEIGHT_BIAS),
         Row("encoder.layer.{i}.intermediate",            "layers.{i}.mlp.post_act", compare=True),
         Row("encoder.layer.{i}.output.dense",            "layers.{i}.mlp.down",               WEIGHT_BIAS),
-        Row("encoder.layer.{i}.output.LayerNorm",        "layers.{i}.mlp.norm",               WEIGHT_BIAS),
+        Row("encoder.layer.{i}.output.LayerNorm",        "layers.{i}.mlp.norm",               WEIGHT_BIAS, legacy=True),
         Row("encoder.layer.{i}",                         "layers.{i}.out",   compare=True, boundary=True),
         # pooler: tanh(dense(hidden state of the first token))
         Row("pooler.dense",                              "pooler.dense",                      WEIGHT_BIAS),
         Row("pooler",                                    "pooler.out",       compare=True),
         # masked-LM head (BertForMaskedLM, BertForPreTraining); its decoder weight is the word embeddings
         Row("cls.predictions.transform.dense",           "mlm_head.dense",                    WEIGHT_BIAS, head=True),
-        Row("cls.predictions.transform.LayerNorm",       "mlm_head.norm",                     WEIGHT_BIAS, head=True),
+        Row("cls.predictions.transform.LayerNorm",       "mlm_head.norm",                     WEIGHT_BIAS, head=True,
+            legacy=True),
         Row("cls.predictions",                           "mlm_head",                          ("bias",), head=True),
         Row("cls",                                       "logits",           compare=True, head=True),
         # next-sentence head (BertForPreTraining): we do not build it, so it is reported and skipped
@@ -41,7 +42,7 @@ BERT = MappingTable(
     ),
     base_prefix="bert.",
     layers_field="num_hidden_layers",
-    # TensorFlow-era LayerNorm names, still in bert-base-uncased's files
+    # TensorFlow-era LayerNorm names, still in bert-base-uncased's files (rows marked legacy)
     legacy_leaf_names={"gamma": "weight", "beta": "bias"},
     ignored={
         "embeddings.position_ids": "buffer: position indices 0..max_position_embeddings-1, recomputed",
@@ -53,4 +54,7 @@ BERT = MappingTable(
         # transformers ties the decoder's bias to cls.predictions.bias
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     },
+    # bert-base-uncased was saved from BertForPreTraining: `bert.` on every base key, the decoder weight stored
+    legacy_prefixed=True,
+    legacy_copies=("cls.predictions.decoder.weight",),
 )

@@ -47,4 +47,7 @@ GPT2 = MappingTable(
         # tied to the token embeddings; the hub's gpt2 file has no lm_head.weight, transformers' .bin saves do
         "lm_head.weight": "wte.weight",
     },
+    # as the hub's gpt2 file: no prefix, no lm_head.weight (its h.{i}.attn.bias masks are not written back)
+    legacy_prefixed=False,
+    legacy_copies=(),
 )

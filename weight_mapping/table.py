@@ -21,6 +21,7 @@ class Row:
     pick: int | None = None  # the transformers module returns a tuple: compare this element
     boundary: bool = False  # a residual-stream boundary: `verify --isolate` feeds transformers' value onward
     head: bool = False  # a task head: lives outside the base-model prefix and may be absent
+    legacy: bool = False  # the original release spells these tensors with the table's legacy_leaf_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,9 @@ class MappingTable:
     legacy_leaf_names: dict  # old tensor leaf name -> current one ("gamma" -> "weight")
     ignored: dict  # checkpoint key ("{i}" for every layer) -> why it is not a weight (buffers transformers recomputes)
     aliases: dict  # checkpoint key -> the key it duplicates (tied weights), used only when that key is absent
+    # The original release's layout, written by save_pretrained(legacy=True):
+    legacy_prefixed: bool  # base-model keys carry base_prefix whatever the model class
+    legacy_copies: tuple[str, ...]  # aliases stored as a copy of the tensor they duplicate
 
     def expand(self, num_layers: int) -> list[Row]:
         """The rows with "{i}" filled in for every layer, in table order."""

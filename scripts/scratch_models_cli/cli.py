@@ -53,12 +53,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", type=int, default=0, help="query token (index) of the neuron view")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 
+    p = commands.add_parser("convert", help="rewrite a checkpoint as config.json + model.safetensors in the layout "
+                                            "transformers saves, checking the round trip")
+    p.add_argument("source", help="hub id, directory, weights file or sharded index")
+    p.add_argument("destination", help="new (or empty) directory to write")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="cast the weights (default: as stored)")
+    p.add_argument("--legacy", action="store_true",
+                   help="the original release's layout instead (BERT: `bert.` prefix, LayerNorm gamma/beta)")
+
     args = parser.parse_args(argv)
     if args.command == "inspect" and len(args.model_and_text) > 2:
         parser.error("inspect takes [MODEL] TEXT: quote a text with spaces")
     _quiet_transformers()
     try:
-        run = {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate, "inspect": _inspect}
+        run = {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate, "inspect": _inspect,
+               "convert": _convert}
         return run[args.command](args)
     except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
         print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)
@@ -114,6 +123,13 @@ def _inspect(args) -> int:
     for path in result.files:
         print(f"  wrote {path}")
     print(f"  in {result.seconds:.1f} s")
+    return 0
+
+
+def _convert(args) -> int:
+    from .convert import convert
+
+    print(convert(args.source, args.destination, dtype=args.dtype, legacy=args.legacy))
     return 0
 
 

@@ -1,6 +1,7 @@
-"""Generated documentation: `docs/hook_names.md` from the models' own hook points and the mapping tables.
+"""Generated documentation: `docs/hook_names.md` from the models' own hook points and the mapping tables, and
+`docs/walkthrough.md` (see walkthrough.py).
 
-`python scripts/make_docs.py` writes it; a test fails when the code changed and the page was not regenerated.
+`python scripts/make_docs.py` writes them; a test fails when the code changed and a page was not regenerated.
 """
 
 from pathlib import Path
@@ -9,6 +10,8 @@ import torch
 
 from scratch_models import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
 from weight_mapping import BERT, GPT2
+
+from .walkthrough import missing_images, walkthrough_markdown
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -106,11 +109,12 @@ def _cell(text: str) -> str:
 
 def write_docs(check: bool = False) -> list[Path]:
     """Write every generated page; with `check`, write nothing and return the pages that are out of date."""
-    pages = {DOCS / "hook_names.md": hook_names_markdown()}
+    pages = {DOCS / "hook_names.md": hook_names_markdown(),
+             DOCS / "walkthrough.md": walkthrough_markdown(images=None if check else DOCS / "images")}
     stale = [path for path, text in pages.items()
              if not path.is_file() or path.read_text(encoding="utf-8") != text]
     if not check:
         DOCS.mkdir(exist_ok=True)
         for path in stale:
             path.write_text(pages[path], encoding="utf-8")
-    return stale
+    return stale + missing_images(pages[DOCS / "walkthrough.md"], DOCS)

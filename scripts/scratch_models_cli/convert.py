@@ -1,0 +1,45 @@
+"""`scratch-models convert`: read any checkpoint we load, write it in the layout transformers saves, check it."""
+
+from pathlib import Path
+
+import torch
+
+from weight_mapping import CheckpointError, open_checkpoint, staged
+
+from .families import family_of
+
+
+def convert(source: str, destination, *, dtype: str | None = None, legacy: bool = False) -> str:
+    """Load `source` with our model (with its head when the checkpoint has one), save it into `destination`
+    (new or empty), load that again and require every tensor to be bitwise what was loaded from `source`.
+    `dtype` casts while loading. Nothing is left in `destination` unless the round trip holds. Returns a
+    summary of what was read, renamed, dropped and written."""
+    destination = Path(destination)
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise ValueError(f"{destination}: exists and is not an empty directory; convert writes a new one")
+    checkpoint = open_checkpoint(source)
+    family = family_of(checkpoint)
+    config = family.base.config_class.from_json_file(checkpoint.config_path)
+    model_class = family.base if family.missing_head_tensors(checkpoint, config) else family.head
+    model = model_class.from_pretrained(source, dtype=dtype)
+    with staged(destination) as staging:
+        files = model.save_pretrained(staging, legacy=legacy)
+        _check_round_trip(model, model_class.from_pretrained(staging), destination)
+    state = model.state_dict()
+    dtypes = ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}))
+    lines = [f"convert {source} -> {destination} as {model_class.__name__}{' (legacy layout)' if legacy else ''}"]
+    lines += [f"  {line}" for line in model.loading_info.summary().splitlines()]
+    lines += [f"  wrote {destination / file.name}" for file in files]
+    lines.append(f"  round trip: all {len(state)} tensors ({dtypes}) read back bitwise equal")
+    return "\n".join(lines)
+
+
+def _check_round_trip(model, reloaded, destination: Path) -> None:
+    ours, back = model.state_dict(), reloaded.state_dict()
+    if ours.keys() != back.keys():
+        raise CheckpointError(f"{destination}: read back, it holds other tensors than were converted (differing: "
+                              f"{', '.join(sorted(back.keys() ^ ours.keys()))}); nothing was written")
+    for name, tensor in ours.items():
+        if back[name].dtype != tensor.dtype or not torch.equal(back[name], tensor):
+            raise CheckpointError(f"{destination}: tensor {name!r} does not read back as it was converted "
+                                  f"({tensor.dtype} -> {back[name].dtype}); nothing was written")

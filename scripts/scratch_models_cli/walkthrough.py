@@ -1,0 +1,737 @@
+"""Generated documentation: `docs/walkthrough.md`, a tour of the code for learners, concept by concept.
+
+Nothing on the page is typed by hand where the code can say it: each excerpt is cut from the source by `inspect`
+(a whole function or class, or the lines between two text anchors inside one), each checkpoint key comes from a
+mapping table, each number and picture from a run of the embedded all-MiniLM-L6-v2. An anchor that a refactor
+removes raises ExcerptError, so the page breaks loudly instead of quoting stale code. `python scripts/make_docs.py`
+writes the page; tests/test_walkthrough.py checks that it is current.
+"""
+
+import dataclasses
+import inspect
+import json
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import transformers
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from scratch_models import BertModel, GPT2Config, GPT2Model, activations, attention
+from scratch_models.attention_plots import attention_grid_png, head_png
+from scratch_models.bert import BertMLP, BertPooler, BertSelfAttention
+from scratch_models.gpt2 import Conv1D, GPT2Attention, GPT2Block
+from scratch_models.inspection import AttentionCapture
+from weight_mapping import BERT, GPT2, Checkpoint, MappingTable, open_checkpoint
+
+from .verify import embedded_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+SENTENCE_A, SENTENCE_B = "time flies like an arrow", "fruit flies like a banana"
+SHORT = "time flies"  # the padded row of the batch
+LAYER, HEAD = 1, 1  # a head in which the second "flies" looks back at the first
+PREVIOUS_TOKEN_HEAD = (0, 2)  # the clearest pattern in the grid: each token attends to the one before it
+# The hub's gpt2 config.json (124M); no GPT-2 weights are local, so GPT-2 shapes come from a meta-device model.
+GPT2_124M = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+IMAGES = {
+    "head": f"walkthrough_head_L{LAYER}_H{HEAD}.png",
+    "grid": "walkthrough_grid.png",
+    "masks": "walkthrough_masks.png",
+    "gelu": "walkthrough_gelu.png",
+}
+
+
+class ExcerptError(LookupError):
+    """A text anchor the walkthrough quotes is no longer in the code."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Excerpt:
+    path: str  # relative to the repository root
+    first: int  # 1-based line numbers in that file, inclusive
+    last: int
+    code: str  # the lines, dedented
+
+    @property
+    def anchor(self) -> str:
+        return f"#L{self.first}" if self.first == self.last else f"#L{self.first}-L{self.last}"
+
+    def markdown(self) -> str:
+        return f"[{self.path}{self.anchor}](../{self.path}{self.anchor})\n\n```python\n{self.code}```"
+
+
+def excerpt(obj, start: str | None = None, end: str | None = None) -> Excerpt:
+    """`obj`'s source, or its lines from the first one containing `start` to the next one containing `end`
+    (just the `start` line without `end`). A missing anchor is an ExcerptError naming it and `obj`."""
+    lines, first = inspect.getsourcelines(obj)
+    path = Path(inspect.getsourcefile(obj)).resolve().relative_to(REPO).as_posix()
+    begin, stop = 0, len(lines) - 1
+    if start is not None:
+        begin = _find(lines, start, 0, obj, path)
+        stop = begin if end is None else _find(lines, end, begin, obj, path)
+    return Excerpt(path, first + begin, first + stop, textwrap.dedent("".join(lines[begin:stop + 1])))
+
+
+def _find(lines: list[str], text: str, since: int, obj, path: str) -> int:
+    for n in range(since, len(lines)):
+        if text in lines[n]:
+            return n
+    raise ExcerptError(f"no line of {obj.__qualname__} ({path}) contains {text!r}: the walkthrough quotes it; "
+                       f"change the anchor in {__name__} to follow the code, then run scripts/make_docs.py")
+
+
+def _num(x) -> str:
+    """Four decimals; huge values (mask constants) in scientific notation; never `-0.0000`."""
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    text = f"{x:.4e}" if abs(x) >= 1e4 else f"{x:.4f}"
+    return text.replace("-", "", 1) if re.fullmatch(r"-0\.0+", text) else text
+
+
+def _vec(t: torch.Tensor) -> str:
+    return "`[" + ", ".join(_num(x) for x in t.flatten().tolist()) + "]`"
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _key_table(table: MappingTable, modules: list[str], shape_of, saved_column: str, shape_column: str) -> str:
+    """Checkpoint keys, their spelling in a checkpoint saved with heads, our parameter, shape (at layer 0)."""
+    legacy = {current: old for old, current in table.legacy_leaf_names.items()}  # for rows marked legacy
+    rows = []
+    for module in modules:
+        matches = [row for row in table.rows if row.ours == module and row.tensors]
+        if not matches:
+            raise ValueError(f"the {table.family} mapping table has no row with tensors for our module {module!r}")
+        for row in matches:
+            for leaf in row.tensors:
+                key = f"{row.checkpoint}.{leaf}"
+                old = legacy.get(leaf, leaf) if row.legacy else leaf
+                saved = f"{table.base_prefix}{row.checkpoint}.{old}"
+                rows.append([f"`{key}`", f"`{saved}`", f"`{row.ours}.{leaf}`",
+                             _shape(shape_of(key.format(i=0), f"{row.ours}.{leaf}".format(i=0)))])
+    return _table(["checkpoint key", saved_column, "our parameter", shape_column], rows)
+
+
+@dataclasses.dataclass
+class Runs:
+    """The runs every section reads its numbers from, made once per page."""
+
+    tokens: list[str]  # the sentence pair
+    cache: dict  # run_with_cache of the pair, every hook point
+    short_tokens: list[str]  # the padded row, without its padding
+    batch: dict  # [pair, short sentence padded, short sentence with every position masked]
+    batch_cache: dict
+    short_alone: dict  # run_with_cache of the short sentence alone
+    model: BertModel
+    checkpoint: Checkpoint
+    gpt2: GPT2Model  # on the meta device: shapes only
+    pooling: dict  # the sentence-transformers pooling config shipped beside the MiniLM weights
+
+
+def _runs() -> Runs:
+    path = embedded_checkpoint()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    # float64 from the float32 weights: 4 decimals then come out the same on every machine and thread count
+    model = BertModel.from_pretrained(path, dtype=torch.float64)
+    pair = tokenizer(SENTENCE_A, SENTENCE_B, return_tensors="pt")
+    short = tokenizer(SHORT, return_tensors="pt")
+    _, cache = model.run_with_cache(**pair)
+    _, short_alone = model.run_with_cache(**short)
+    padded = tokenizer.pad([{k: v[0] for k, v in enc.items()} for enc in (pair, short)], return_tensors="pt")
+    batch = {k: torch.cat([v, v[1:]]) for k, v in padded.items()}
+    batch["attention_mask"][2] = 0  # a row with nothing left to attend to
+    _, batch_cache = model.run_with_cache(**batch)
+    with torch.device("meta"):
+        gpt2 = GPT2Model(GPT2_124M)
+    pooling = json.loads((path / "1_Pooling" / "config.json").read_text(encoding="utf-8"))
+    return Runs(tokens=tokenizer.convert_ids_to_tokens(pair["input_ids"][0]), cache=cache,
+                short_tokens=tokenizer.convert_ids_to_tokens(short["input_ids"][0]), batch=batch,
+                batch_cache=batch_cache, short_alone=short_alone, model=model, checkpoint=open_checkpoint(path),
+                gpt2=gpt2, pooling=pooling)
+
+
+def _bert_keys(runs: Runs, modules: list[str]) -> str:
+    return _key_table(BERT, modules, lambda key, ours: runs.checkpoint.shape(key),
+                      "in `bert-base-uncased` (prefix, legacy names)", "shape in all-MiniLM-L6-v2")
+
+
+def _gpt2_keys(runs: Runs, modules: list[str]) -> str:
+    params = runs.gpt2.state_dict()
+    return _key_table(GPT2, modules, lambda key, ours: tuple(params[ours].shape),
+                      "saved from `GPT2LMHeadModel`", "shape in gpt2 (124M, from its config)")
+
+
+def _query(runs: Runs) -> int:
+    """The second "flies", the one in sentence B."""
+    return [n for n, t in enumerate(runs.tokens) if t == "flies"][1]
+
+
+def _intro(runs: Runs) -> str:
+    config = runs.model.config
+    return f"""# Walkthrough: BERT and GPT-2, concept by concept, in this project's code
+
+<!-- Generated by `python scripts/make_docs.py` from the code, the mapping tables and a real checkpoint;
+edit those, not this page. -->
+
+This page follows the path of the study notes the project grew from: attention and its $`\\sqrt{{d}}`$, heads,
+masks, where the LayerNorm goes, GPT-2's `Conv1D`, GELU, and BERT's pooler. Each section has four parts:
+
+1. **the formula**, the way the papers write it;
+2. **the code** that computes it, cut from the source when the page is generated (a test fails when the page
+   falls behind the code). The link above each excerpt opens the file at those lines;
+3. **the checkpoint keys** the concept loads, from the mapping tables in `weight_mapping/`: the key as a
+   checkpoint spells it, how older or with-heads checkpoints spell it, the parameter of ours it lands in, and
+   its shape;
+4. **real numbers**: the embedded all-MiniLM-L6-v2 (a pretrained BERT: {config.num_hidden_layers} layers,
+   {config.num_attention_heads} heads, hidden size {config.hidden_size}, so head size
+   $`d = {config.head_dim}`$) reads the sentence pair *"{SENTENCE_A}"* / *"{SENTENCE_B}"*, and
+   `model.run_with_cache(...)` hands back every intermediate tensor by name.
+
+The pair becomes {len(runs.tokens)} tokens: {" ".join(f"`{t}`" for t in runs.tokens)}. Numbers are computed in
+float64 from the checkpoint's float32 weights so that the page comes out the same on every machine; a float32
+run differs from them by a few parts in a million, which now and then moves the last decimal shown. No GPT-2
+weights ship with the project, so GPT-2's shapes come from the `gpt2` (124M) configuration, built on PyTorch's
+meta device (shapes without storage), and its sections say so where numbers would need real weights."""
+
+
+def _attention_section(runs: Runs, images: Path | None) -> str:
+    cache, query, d = runs.cache, _query(runs), runs.model.config.head_dim
+    at = f"layers.{LAYER}.attn"
+    q, k = cache[f"{at}.q"][0], cache[f"{at}.k"][0]  # [heads, seq, d]
+    scores, probs = cache[f"{at}.scores"][0, HEAD, query], cache[f"{at}.probs"][0, HEAD, query]
+    unscaled = F.softmax(scores * math.sqrt(d), dim=-1)
+    rows = [[f"`{t}`", _num(s * math.sqrt(d)), _num(s), _num(p), _num(u)]
+            for t, s, p, u in zip(runs.tokens, scores, probs, unscaled)]
+    generator = torch.Generator().manual_seed(0)
+    qr, kr = (torch.randn(100_000, d, generator=generator, dtype=torch.float64) for _ in range(2))
+    random_dots = (qr * kr).sum(-1)
+    layer_rows = []
+    for i in range(runs.model.config.num_hidden_layers):
+        qi, ki = cache[f"layers.{i}.attn.q"][0], cache[f"layers.{i}.attn.k"][0]
+        dots = qi @ ki.transpose(-1, -2)  # [heads, seq, seq]
+        top = F.softmax(dots / math.sqrt(d), -1).amax(-1).mean()
+        top_unscaled = F.softmax(dots, -1).amax(-1).mean()
+        layer_rows.append([str(i), _num(dots.var()), _num((dots / math.sqrt(d)).var()), _num(top),
+                           _num(top_unscaled)])
+    b_start = runs.tokens.index("[SEP]") + 1
+    head_probs = cache[f"{at}.probs"][0, HEAD]
+    links = []
+    for n in range(b_start, len(runs.tokens) - 1):  # words only: no [CLS], no [SEP]
+        weight, key = head_probs[n, 1:b_start - 1].max(-1)
+        links.append(f"`{runs.tokens[n]}` → `{runs.tokens[1 + int(key)]}` ({_num(weight)})")
+    counterparts = ", ".join(links)
+    if images is not None:
+        capture = AttentionCapture.from_cache(cache, runs.tokens, sentence_b_start=b_start)
+        head_png(capture, LAYER, HEAD, images / IMAGES["head"], title="all-MiniLM-L6-v2")
+    return f"""## 1. Scaled dot-product attention, and why it divides by √d
+
+Every token asks a question (its query $`q`$), offers a label (its key $`k`$) and carries content (its value
+$`v`$), all three linear maps of its hidden state. A query's fit to each key is their dot product; softmax turns
+a row of fits into weights that sum to 1, and the output is the weighted sum of the values:
+
+```math
+\\mathrm{{Attention}}(Q, K, V) = \\mathrm{{softmax}}\\!\\left(\\frac{{QK^\\top}}{{\\sqrt{{d_k}}}}\\right) V
+```
+
+Why $`\\sqrt{{d_k}}`$: if the $`d_k`$ components of $`q`$ and $`k`$ are independent with mean 0 and variance 1,
+$`q \\cdot k = \\sum_j q_j k_j`$ is a sum of $`d_k`$ terms of variance 1, so its variance is $`d_k`$. Large
+scores push softmax into a corner where one weight is almost 1 and the gradients of the rest vanish; dividing
+by $`\\sqrt{{d_k}}`$ brings the variance back to 1 whatever the head size.
+
+**Code.** One function computes attention for both models. The fast path hands the work to PyTorch's fused
+kernel; the readable path (taken when someone listens to `scores` or `probs`) spells out the formula:
+
+{excerpt(attention.attend).markdown()}
+
+BERT's attention makes $`q`$, $`k`$, $`v`$ with three `nn.Linear` layers and passes the scale
+$`1/\\sqrt{{d}}`$ = `head_dim ** -0.5`:
+
+{excerpt(BertSelfAttention.__init__, "self.query, self.key, self.value").markdown()}
+
+{excerpt(BertSelfAttention.forward, "q = self.q(", "explicit=need_probs)").markdown()}
+
+**Checkpoint keys.** `{{i}}` is the layer index; the shapes are those of layer 0 in the MiniLM file (every layer
+is alike). `nn.Linear` stores its weight as [out, in].
+
+{_bert_keys(runs, ["layers.{i}.attn.query", "layers.{i}.attn.key", "layers.{i}.attn.value"])}
+
+**Real numbers.** In layer {LAYER}, head {HEAD}, the query of the second `flies` (position {query}) starts with
+{_vec(q[HEAD, query, :4])} and its own key with {_vec(k[HEAD, query, :4])}; each has {d} components
+(`layers.{LAYER}.attn.q` is {_shape(cache[f"{at}.q"].shape)}: batch, heads, tokens, head size). Its row of the
+attention, key by key: the raw dot product, the score after dividing by $`\\sqrt{{{d}}}`$ (hook
+`layers.{LAYER}.attn.scores`), the softmax of that row (`layers.{LAYER}.attn.probs`), and the softmax the same
+row would get without the division:
+
+{_table(["key", "q·k", "q·k / √d", "softmax", "softmax without √d"], rows)}
+
+Besides `[CLS]`, this head links words across the two sentences: the second `flies` spends
+{_num(probs[runs.tokens.index("flies")])} of its attention on the first one, and the strongest link from each
+word of sentence B into sentence A (with its weight) is {counterparts}. Without the division the same row
+would be sharper: its two largest weights would take {_num(unscaled.topk(2).values.sum())} of the total instead of
+{_num(probs.topk(2).values.sum())}.
+
+The variance argument, measured. For {qr.shape[0]:,} pairs of random vectors with {d} independent unit-variance
+components (seeded, not from the model), $`q \\cdot k`$ has variance {_num(random_dots.var())} and
+$`q \\cdot k / \\sqrt{{{d}}}`$ has {_num((random_dots / math.sqrt(d)).var())}. A trained model's queries and
+keys are not unit-variance, but the division still sets the scale. Per layer of MiniLM, over all
+{runs.model.config.num_attention_heads} heads and every query–key pair of the sentence pair, with the mean over
+rows of the largest attention weight:
+
+{_table(["layer", "variance of q·k", "variance of q·k / √d", "mean largest weight", "without √d"],
+        layer_rows)}
+
+The whole picture of layer {LAYER}, head {HEAD} (rows: the token that asks; columns: the tokens it attends to;
+the red lines separate the two sentences), drawn by `scratch_models.attention_plots.head_png` from the same run:
+
+![all-MiniLM-L6-v2, layer {LAYER}, head {HEAD}: attention probabilities](images/{IMAGES["head"]})"""
+
+
+def _heads_section(runs: Runs, images: Path | None) -> str:
+    config, cache = runs.model.config, runs.cache
+    n, d = config.num_attention_heads, config.head_dim
+    attn = runs.model.layers[LAYER].attn
+    x = cache[f"layers.{LAYER - 1}.out"] if LAYER else cache["embeddings.out"]
+    projected = attn.query(x)  # [1, seq, hidden]
+    q, query = cache[f"layers.{LAYER}.attn.q"], _query(runs)
+    same = torch.equal(projected[0, query, HEAD * d:(HEAD + 1) * d], q[0, HEAD, query])
+    if images is not None:
+        capture = AttentionCapture.from_cache(cache, runs.tokens, sentence_b_start=runs.tokens.index("[SEP]") + 1)
+        attention_grid_png(capture, images / IMAGES["grid"], title="all-MiniLM-L6-v2")
+    layer, head = PREVIOUS_TOKEN_HEAD
+    previous = cache[f"layers.{layer}.attn.probs"][0, head].diagonal(-1).mean()
+    return f"""## 2. Multi-head attention: split and merge
+
+One attention with $`d_{{model}} = {config.hidden_size}`$ would compute one pattern per token. Multi-head attention
+cuts the projections into $`n = {n}`$ slices of $`d = {d}`$ and runs attention on each slice independently,
+so each head can attend to something different; the heads' outputs are laid side by side again and mixed by one
+output projection $`W^O`$:
+
+```math
+\\mathrm{{MultiHead}}(X) = \\mathrm{{Concat}}(\\mathrm{{head}}_1, \\dots, \\mathrm{{head}}_n)\\, W^O,
+\\qquad \\mathrm{{head}}_h = \\mathrm{{Attention}}(X W^Q_h,\\; X W^K_h,\\; X W^V_h)
+```
+
+The $`W^Q_h`$ of all heads together are one [{config.hidden_size}, {config.hidden_size}] matrix: the split
+costs no arithmetic, it is a reshape. Head $`h`$ owns columns $`h d`$ to $`(h + 1) d - 1`$ of the projection.
+
+**Code.** `view` cuts the last axis into (heads, head size); `transpose` moves heads in front of tokens so that
+the matmuls in `attend` run on every head at once:
+
+{excerpt(BertSelfAttention.split_heads).markdown()}
+
+Merging undoes it: heads back behind tokens, then the two last axes flattened into one (GPT-2's attention has
+the same two lines):
+
+{excerpt(BertSelfAttention.forward, "merged = self.context(context)").markdown()}
+
+**Checkpoint keys.** $`W^O`$ and its bias:
+
+{_bert_keys(runs, ["layers.{i}.attn.dense"])}
+
+**Real numbers.** In layer {LAYER}, the query projection of the whole sentence pair is
+{_shape(projected.shape)}; after `split_heads`, `layers.{LAYER}.attn.q` is {_shape(q.shape)}, and the context
+of every head, `layers.{LAYER}.attn.context`, is {_shape(cache[f"layers.{LAYER}.attn.context"].shape)}; merged
+and projected, `layers.{LAYER}.attn.proj` is {_shape(cache[f"layers.{LAYER}.attn.proj"].shape)}. Head {HEAD}'s
+query for the second `flies` is exactly columns {HEAD * d} to {(HEAD + 1) * d - 1} of the projection:
+{"equal, bit for bit" if same else "NOT equal"}.
+
+Each head learns its own pattern. Every layer (rows) and head (columns) of MiniLM on the pair, drawn by
+`attention_grid_png`: in layer {layer}, head {head}, nearly every token attends to the token before it
+(mean weight on the previous token {_num(previous)}), the thin line below the diagonal.
+
+![all-MiniLM-L6-v2: every layer x head](images/{IMAGES["grid"]})"""
+
+
+def _masks_section(runs: Runs, images: Path | None) -> str:
+    batch, cache = runs.batch, runs.batch_cache
+    f32 = torch.finfo(torch.float32).min
+    mask = attention.padding_mask(batch["attention_mask"], torch.float32)  # [batch, 1, 1, key]
+    short = len(runs.short_tokens)
+    at = f"layers.{LAYER}.attn"
+    probs_short = cache[f"{at}.probs"][1, HEAD, short - 2]
+    last = f"layers.{runs.model.config.num_hidden_layers - 1}.out"
+    padded_diff = (cache[last][1, :short] - runs.short_alone[last][0]).abs().max()
+    uniform = cache[f"{at}.probs"][2, HEAD, 0]
+    scores_blocked = cache[f"{at}.scores"][2, HEAD, 0]
+    minus_inf = torch.full_like(scores_blocked, float("-inf"))  # the same row, had the mask used -inf
+    keep = torch.tensor([[0, 0, 1, 1, 1]])  # two left-padding positions, then three tokens
+    causal = attention.causal_mask(None, 5, 0, torch.float32, torch.device("cpu"))
+    causal_padded = attention.causal_mask(keep, 5, 0, torch.float32, torch.device("cpu"))
+    cached = attention.causal_mask(None, 2, 3, torch.float32, torch.device("cpu"))
+    if images is not None:
+        padded_tokens = [*runs.short_tokens, *["[PAD]"] * (mask.shape[-1] - short)]
+        steps, left_padded = [f"t{i}" for i in range(5)], ["pad", "pad", "t0", "t1", "t2"]
+        _masks_png(images / IMAGES["masks"], [
+            ("BERT padding mask:\n\"" + SHORT + "\" in a batch", mask[1, 0].expand(mask.shape[-1], -1),
+             padded_tokens, padded_tokens),
+            ("GPT-2 causal mask", causal[0, 0], steps, steps),
+            ("causal + left padding", causal_padded[0, 0], left_padded, left_padded),
+            ("2 new tokens after\n3 in the KV cache", cached[0, 0], steps[3:], steps),
+        ])
+
+    def matrix(mask):  # rows are queries, columns keys
+        return "\n".join(" ".join(f"{'0' if v == 0 else 'min':>4}" for v in line) for line in mask[0, 0])
+
+    gpt2_ignored = _table(["checkpoint key (skipped)", "why"],
+                          [[f"`{key}`", why] for key, why in GPT2.ignored.items()])
+    return f"""## 3. Padding and causal masks
+
+A mask says which keys a query may see. It is added to the scores before softmax: 0 where the key is allowed,
+$`-\\infty`$ where it is not, because $`e^{{-\\infty}} = 0`$ removes the key from the softmax exactly:
+
+```math
+\\mathrm{{softmax}}\\!\\left(\\frac{{QK^\\top}}{{\\sqrt{{d_k}}}} + M\\right),
+\\qquad M_{{ij}} = \\begin{{cases}} 0 & \\text{{query }} i \\text{{ may see key }} j \\\\
+-\\infty & \\text{{otherwise}} \\end{{cases}}
+```
+
+BERT needs one kind: **padding**. Sentences of different lengths share a batch by filling the short ones with
+`[PAD]`, and no token may attend to a pad. GPT-2 also needs a **causal** mask: token $`i`$ predicts token
+$`i + 1`$, so it may see positions $`0 \\dots i`$ only, never the future.
+
+In code the blocked value is not $`-\\infty`$ but the most negative finite number of the dtype,
+`torch.finfo(dtype).min` ({_num(f32)} in float32). For a normal row nothing changes: its $`e^x`$ still
+underflows to exactly 0. The difference is a row where *every* key is blocked (a padding query in GPT-2 with
+left padding, or an all-zero `attention_mask`). With $`-\\infty`$ softmax computes $`-\\infty - (-\\infty)`$,
+which is NaN, and the NaN spreads through every later layer. With `finfo.min` every score in that row becomes
+the same number, so softmax gives a uniform, finite row that means nothing and harms nothing.
+
+**Code.** A boolean "keep" mask becomes an additive one in a single place:
+
+{excerpt(attention._additive).markdown()}
+
+BERT's padding mask has one row per sequence, broadcast over heads and queries:
+
+{excerpt(attention.padding_mask).markdown()}
+
+GPT-2's mask joins causality (a lower triangle, shifted right by the tokens already in the KV cache) with
+padding, still as booleans, before turning them into numbers:
+
+{excerpt(attention.causal_mask).markdown()}
+
+**Checkpoint keys.** A mask is not a weight, and none is loaded. BERT's comes from the tokenizer's
+`attention_mask`. GPT-2's checkpoints carry a precomputed causal mask as a buffer; the mapping table skips it
+because the code rebuilds it:
+
+{gpt2_ignored}
+
+**Real numbers.** A batch of the sentence pair and *"{SHORT}"* ({short} tokens, padded to
+{batch["input_ids"].shape[1]}). The float32 mask of the short row, `padding_mask(attention_mask, torch.float32)`,
+is {_vec(mask[1, 0, 0])}: shape {_shape(mask.shape)}, one row per sequence, broadcast over heads and queries.
+In layer {LAYER}, head {HEAD}, the query `{runs.short_tokens[short - 2]}` of the short row gives the pads
+exactly zero weight: {_vec(probs_short)}. So padding changes nothing: the short row's last layer output, token
+by token, differs from a run of *"{SHORT}"* alone by at most {_num(padded_diff)} (to four decimals).
+
+The batch also holds the short sentence once more with an `attention_mask` of all zeros. Its first query has
+nothing to attend to: its scores are all {" ".join(_num(v) for v in scores_blocked.unique())}, float64's
+`finfo.min` (this run is in float64), and its weights are
+uniform, $`1/{uniform.numel()}`$ each: {_vec(uniform)}. Had the mask been $`-\\infty`$, the same softmax would
+return NaN for {int(F.softmax(minus_inf, -1).isnan().sum())} keys out of {minus_inf.numel()}.
+
+GPT-2's causal mask for 5 new tokens, the first two of them left padding (`causal_mask(keep, 5, 0, ...)`,
+`keep` = `{keep[0].tolist()}`; `min` is finfo.min, rows are queries):
+
+```
+{matrix(causal_padded)}
+```
+
+The pad rows see nothing, so they get the uniform row described above. During generation, with 3 tokens
+(t0, t1, t2) already in the KV cache and 2 new ones (t3, t4), the mask is {_shape(cached.shape)},
+`causal_mask(None, 2, 3, ...)`: the triangle shifts right, and each new token sees the whole cache, the new
+tokens before it and itself:
+
+```
+{matrix(cached)}
+```
+
+With no padding and no cache, `GPT2Model` builds no mask at all and lets the fused kernel apply causality
+(`is_causal=True`).
+
+![The masks as computed by padding_mask and causal_mask: white = attend, dark = blocked](images/{IMAGES["masks"]})
+"""
+
+
+def _masks_png(path: Path, panels: list[tuple[str, torch.Tensor, list[str], list[str]]]):
+    """Each panel: (title, additive mask [query, key], query labels, key labels); blocked cells are dark."""
+    fig = Figure(figsize=(3.6 * len(panels), 4.4), dpi=100)
+    for n, (title, mask, queries, keys) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), n + 1)
+        ax.imshow((mask != 0).float().numpy(), cmap="Greys", vmin=0, vmax=1.4, interpolation="nearest")
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(queries)), queries, fontsize=8)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(title, fontsize=10)
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.2, top=0.86, wspace=0.5)
+    FigureCanvasAgg(fig).print_png(str(path))
+
+
+def _layernorm_section(runs: Runs) -> str:
+    cache = runs.cache
+
+    def spread(name):  # mean over tokens of the standard deviation across the hidden size
+        return _num(cache[name][0].std(-1, correction=0).mean())
+
+    rows = [[str(i), spread(f"layers.{i}.attn.resid"), spread(f"layers.{i}.attn.out"),
+             spread(f"layers.{i}.mlp.resid"), spread(f"layers.{i}.out")]
+            for i in range(runs.model.config.num_hidden_layers)]
+    return f"""## 4. Where the LayerNorm goes: post-LN (BERT) and pre-LN (GPT-2)
+
+LayerNorm rescales each token's vector to mean 0 and variance 1 across the hidden size, then applies a learned
+gain $`\\gamma`$ and shift $`\\beta`$:
+
+```math
+\\mathrm{{LN}}(x) = \\gamma \\odot \\frac{{x - \\mu}}{{\\sqrt{{\\sigma^2 + \\epsilon}}}} + \\beta
+```
+
+Both models wrap each sublayer $`F`$ (attention, then the MLP) in a residual connection; they differ in where
+the LayerNorm sits. BERT, like the original Transformer, normalises **after** adding (post-LN); GPT-2 normalises
+the sublayer's **input** and leaves the residual stream itself untouched (pre-LN), with one last LayerNorm
+`ln_f` at the very end:
+
+```math
+\\text{{post-LN (BERT):}}\\quad x \\leftarrow \\mathrm{{LN}}(x + F(x))
+\\qquad\\qquad
+\\text{{pre-LN (GPT-2):}}\\quad x \\leftarrow x + F(\\mathrm{{LN}}(x))
+```
+
+In pre-LN the residual stream is a clean sum of every sublayer's contribution, and gradients reach early layers
+through the additions alone, which makes deep stacks easier to train without a learning-rate warm-up. In
+post-LN every layer's output is normalised, so nothing grows from layer to layer.
+
+**Code, BERT.** The end of the attention block and the MLP block: add, then normalise.
+
+{excerpt(BertSelfAttention.forward, "resid = self.resid(", "return self.out(self.norm(resid))").markdown()}
+
+{excerpt(BertMLP.forward).markdown()}
+
+**Code, GPT-2.** Normalise a copy, run the sublayer on it, add the result back:
+
+{excerpt(GPT2Block.forward).markdown()}
+
+{excerpt(GPT2Model.forward, "x = self.ln_f(self.norm_f(x))").markdown()}
+
+**Checkpoint keys, BERT.** LayerNorm's $`\\gamma`$ and $`\\beta`$ are `weight` and `bias`; checkpoints from the
+TensorFlow era, `bert-base-uncased` among them, still call them `gamma` and `beta`, and the loader renames them:
+
+{_bert_keys(runs, ["embeddings.norm", "layers.{i}.attn.norm", "layers.{i}.mlp.norm"])}
+
+**Checkpoint keys, GPT-2.** Our modules are `norm_1`, `norm_2`, `norm_f`; the checkpoint's names `ln_1`, `ln_2`,
+`ln_f` are the hook points on their outputs.
+
+{_gpt2_keys(runs, ["layers.{i}.norm_1", "layers.{i}.norm_2", "norm_f"])}
+
+**Real numbers, BERT.** The spread of the residual stream (standard deviation across the hidden size, mean over
+the tokens of the pair) just before and just after each LayerNorm in MiniLM. Before, the sum can wander; after,
+it is back to a scale set by the learned $`\\gamma`$, layer after layer:
+
+{_table(["layer", "attn.resid (x + attention)", "attn.out (after LN)", "mlp.resid (x + MLP)",
+         "out (after LN)"], rows)}
+
+For GPT-2 this would need real weights: in a trained pre-LN model the residual stream is never renormalised and
+typically grows from block to block, which is why `ln_f` is needed before the LM head (see `hidden_states[-1]`
+in [hook names](hook_names.md))."""
+
+
+def _conv1d_section(runs: Runs) -> str:
+    config = GPT2_124M
+    attn = runs.gpt2.layers[0].attn
+    x = torch.empty(1, 5, config.n_embd, device="meta")
+    qkv = attn.c_attn(x)
+    q, _, _ = qkv.split(config.n_embd, dim=2)
+    heads = attn.split_heads(q)
+    bert_up = runs.checkpoint.shape("encoder.layer.0.intermediate.dense.weight")
+    return f"""## 5. GPT-2's Conv1D: a linear layer stored the other way round
+
+GPT-2's original code called its linear layers `Conv1D` (a 1-wide convolution is a linear map applied at every
+position), and its checkpoints keep their weights as [in, out], the transpose of `nn.Linear`'s [out, in]:
+
+```math
+\\texttt{{Conv1D}}:\\; y = x W + b,\\; W \\in \\mathbb{{R}}^{{\\text{{in}} \\times \\text{{out}}}}
+\\qquad\\qquad
+\\texttt{{nn.Linear}}:\\; y = x W^\\top + b,\\; W \\in \\mathbb{{R}}^{{\\text{{out}} \\times \\text{{in}}}}
+```
+
+Keeping `Conv1D` means the weights load exactly as stored, with no transposes in the loader and none to undo
+when saving.
+
+**Code.**
+
+{excerpt(Conv1D).markdown()}
+
+GPT-2 computes $`q`$, $`k`$ and $`v`$ with one `Conv1D` three times as wide, and splits its output:
+
+{excerpt(GPT2Attention.__init__, "self.c_attn = Conv1D").markdown()}
+
+{excerpt(GPT2Attention.forward, "q, k, v = self.c_attn(x)", "q, k, v = self.q(").markdown()}
+
+**Checkpoint keys.** Every weight below is [in, out]:
+
+{_gpt2_keys(runs, ["layers.{i}.attn.c_attn", "layers.{i}.attn.c_proj", "layers.{i}.mlp.c_fc",
+                   "layers.{i}.mlp.c_proj"])}
+
+Compare BERT's MLP input weight in MiniLM, an `nn.Linear` from {runs.model.config.hidden_size} to
+{runs.model.config.intermediate_size}: `encoder.layer.0.intermediate.dense.weight` is {_shape(bert_up)}, [out, in].
+
+**Shapes, traced through our modules.** Shapes only: these ran on the meta device, with the gpt2 (124M)
+configuration, on a batch of one with 5 tokens. Hidden states {_shape(x.shape)} through `c_attn` become
+{_shape(qkv.shape)}; `split` gives $`q`$, $`k`$, $`v`$ of {_shape(q.shape)} each; `split_heads` makes each
+{_shape(heads.shape)} ({config.n_head} heads of {config.head_dim})."""
+
+
+def _gelu_section(runs: Runs, images: Path | None) -> str:
+    pre = runs.cache["layers.0.mlp.pre_act"][0]  # [seq, intermediate]
+    query = _query(runs)
+    values = pre[query, :4]
+    grid = torch.tensor([-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0], dtype=torch.float64)
+    gap = (activations.gelu_new(pre) - activations.gelu(pre)).abs().max()
+    line = torch.linspace(-10, 10, 20001, dtype=torch.float64)
+    curve_gap = (activations.gelu_new(line) - activations.gelu(line)).abs().max()
+    rows = [[_num(x), _num(activations.gelu(x)), _num(activations.gelu_new(x)), _num(F.relu(x))] for x in grid]
+    if images is not None:
+        _gelu_png(images / IMAGES["gelu"], pre)
+    config = runs.model.config
+    return f"""## 6. GELU and its tanh approximation
+
+The MLP between attention blocks is $`W_2\\,\\mathrm{{act}}(W_1 x + b_1) + b_2`$, widening each token to
+{config.intermediate_size} neurons in MiniLM and back. Both models use GELU as the activation: the input scaled
+by the probability that a standard normal variable is below it, a smooth ReLU that lets small negative inputs
+through a little:
+
+```math
+\\mathrm{{GELU}}(x) = x\\,\\Phi(x)
+= \\frac{{x}}{{2}}\\left(1 + \\mathrm{{erf}}\\!\\left(\\frac{{x}}{{\\sqrt 2}}\\right)\\right)
+\\approx \\frac{{x}}{{2}}\\left(1 + \\tanh\\!\\left(\\sqrt{{2/\\pi}}\\,\\left(x + 0.044715\\,x^3\\right)\\right)\\right)
+```
+
+The tanh form was cheaper when BERT and GPT-2 were trained. BERT's `config.json` says `"hidden_act": "gelu"`
+(the exact one); GPT-2's says `"activation_function": "gelu_new"` (the tanh one). They never differ by more than
+{_num(curve_gap)} (the largest gap over $`x \\in [-10, 10]`$), but a model is only bit-exact with the function it
+was trained with, so both are kept.
+
+**Code.** Each name a config can use maps to its formula:
+
+{excerpt(activations.gelu).markdown()}
+
+{excerpt(activations.gelu_new).markdown()}
+
+{excerpt(activations.gelu_pytorch_tanh).markdown()}
+
+**Checkpoint keys.** The activation has no weights; the layers around it do:
+
+{_bert_keys(runs, ["layers.{i}.mlp.up", "layers.{i}.mlp.down"])}
+
+{_gpt2_keys(runs, ["layers.{i}.mlp.c_fc", "layers.{i}.mlp.c_proj"])}
+
+**Real numbers.** A few points of each curve:
+
+{_table(["x", "gelu (exact)", "gelu_new (tanh)", "relu"], rows)}
+
+In MiniLM's layer 0, the second `flies` has {pre.shape[-1]} pre-activations (`layers.0.mlp.pre_act`); its
+first four are {_vec(values)}, and after the exact GELU (`layers.0.mlp.post_act`) they are
+{_vec(runs.cache["layers.0.mlp.post_act"][0, query, :4])}. Over all {pre.numel():,} pre-activations of the
+pair, the tanh approximation would move a value by at most {_num(gap)}.
+
+![GELU, gelu_new and ReLU over MiniLM's layer-0 pre-activations; the gap between the GELUs](images/{IMAGES["gelu"]})"""
+
+
+def _gelu_png(path: Path, pre: torch.Tensor):
+    x = torch.linspace(-4, 4, 801, dtype=torch.float64)
+    fig = Figure(figsize=(10, 3.8), dpi=100)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    left.plot(x, F.relu(x), color="#bbbbbb", label="relu")
+    left.plot(x, activations.gelu(x), label="gelu (exact)")
+    left.plot(x, activations.gelu_new(x), linestyle="--", label="gelu_new (tanh)")
+    left.hist(pre.flatten().numpy(), bins=80, range=(-4, 4), density=True, color="#9ecae1", alpha=0.5,
+              label="MiniLM layer 0 pre-activations")
+    left.set_xlabel("x")
+    left.set_title("activation", fontsize=10)
+    left.legend(fontsize=8)
+    right.plot(x, activations.gelu_new(x) - activations.gelu(x))
+    right.set_xlabel("x")
+    right.set_title("gelu_new(x) - gelu(x)", fontsize=10)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.9, wspace=0.25)
+    FigureCanvasAgg(fig).print_png(str(path))
+
+
+def _pooler_section(runs: Runs) -> str:
+    cache, pooler = runs.cache, runs.model.pooler
+    cls = cache[f"layers.{runs.model.config.num_hidden_layers - 1}.out"][0, 0]
+    out = cache["pooler.out"][0]
+    mode = ", ".join(key for key, on in runs.pooling.items() if key.startswith("pooling_mode") and on)
+    return f"""## 7. The pooler over [CLS]
+
+BERT puts a `[CLS]` token in front of every input. Through self-attention it can gather from the whole sequence,
+and in pretraining its final state fed the next-sentence classifier. The pooler is that classifier's first half:
+one dense layer and tanh on the `[CLS]` vector, giving one vector for the whole input:
+
+```math
+\\mathrm{{pooled}} = \\tanh\\left(W h_{{[\\mathrm{{CLS}}]}} + b\\right)
+```
+
+**Code.**
+
+{excerpt(BertPooler).markdown()}
+
+{excerpt(BertModel.forward, "pooler_output=").markdown()}
+
+**Checkpoint keys.** A checkpoint saved from `BertForMaskedLM` has no pooler; `BertModel` then builds none rather
+than inventing random weights.
+
+{_bert_keys(runs, ["pooler.dense"])}
+
+**Real numbers.** `[CLS]` after MiniLM's last layer starts with {_vec(cls[:4])}; through the dense layer,
+{_vec(pooler.dense(cls)[:4])}; through tanh (`pooler.out`, transformers' `pooler_output`), {_vec(out[:4])}.
+tanh keeps every component inside $`(-1, 1)`$: here from {_num(out.min())} to {_num(out.max())}.
+
+A pooler is one way to get a sentence vector, not the only one. all-MiniLM-L6-v2 was fine-tuned as a sentence
+embedding model, and the pooling config shipped beside its weights (`1_Pooling/config.json`) selects
+`{mode}`: its sentence embedding averages every token's last hidden state and leaves the pooler unused."""
+
+
+def _next_steps() -> str:
+    return """## Where to go next
+
+- [Hook names](hook_names.md): every tensor this page read, and all the others, by name and shape, with the
+  `transformers` output each one equals. Read them with `model.run_with_cache(...)`, replace them with
+  `model.run_with_hooks(...)`.
+- `scratch-models inspect "time flies like an arrow" --pair "fruit flies like a banana" --out DIR`: the same
+  attention as an interactive page (head view, model view, neuron view) plus the PNGs and a summary of every
+  tensor.
+- `scratch-models verify`: the same model against `transformers`, tensor by tensor; on these MiniLM weights the
+  numbers agree bit for bit in float32.
+- The mapping tables themselves, `weight_mapping/bert.py` and `weight_mapping/gpt2.py`: read top to bottom, each
+  is the whole model as its checkpoint names it.
+"""
+
+
+def walkthrough_markdown(images: Path | None = None) -> str:
+    """The page; with `images` (a directory), also draw its pictures there."""
+    if images is not None:
+        images.mkdir(parents=True, exist_ok=True)
+    runs = _runs()
+    sections = [_intro(runs), _attention_section(runs, images), _heads_section(runs, images),
+                _masks_section(runs, images), _layernorm_section(runs), _conv1d_section(runs),
+                _gelu_section(runs, images), _pooler_section(runs), _next_steps()]
+    return "\n\n".join(section.strip("\n") for section in sections) + "\n"
+
+
+def image_paths(markdown: str, docs: Path) -> list[Path]:
+    """The pictures a page references, as paths under `docs`."""
+    return [docs / link for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)]
+
+
+def missing_images(markdown: str, docs: Path) -> list[Path]:
+    return [path for path in image_paths(markdown, docs) if not path.is_file()]

@@ -1,0 +1,79 @@
+"""docs/walkthrough.md: generated from the current code, its excerpts quoted from the lines it links, its
+pictures real PNGs, and a quoted line that disappears from the code is a loud error."""
+
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from scratch_models import attention
+from scratch_models.bert import BertSelfAttention
+from scratch_models_cli import docs
+from scratch_models_cli.walkthrough import ExcerptError, excerpt, image_paths, walkthrough_markdown
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "walkthrough.md"
+# the link the generator puts above each excerpt, then the excerpt itself
+EXCERPT = re.compile(r"^\[(?P<path>[^\]#]+)#L(?P<first>\d+)(?:-L(?P<last>\d+))?\]"
+                     r"\(\.\./(?P=path)#L(?P=first)(?:-L(?P=last))?\)\n\n```python\n(?P<code>.*?)```$", re.M | re.S)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    images = tmp_path_factory.mktemp("walkthrough-images")
+    return walkthrough_markdown(images), images
+
+
+def assert_png(path: Path):
+    with Image.open(path) as image:
+        assert image.format == "PNG", path
+        assert min(image.size) >= 100, path
+        image.verify()
+
+
+def test_the_committed_page_is_what_the_code_generates_now(generated):
+    markdown, images = generated
+    assert PAGE.read_text(encoding="utf-8") == markdown, "regenerate with `python scripts/make_docs.py`"
+    drawn = [images / path.name for path in image_paths(markdown, Path())]
+    assert drawn, "the page shows no picture"
+    for path in drawn:
+        assert_png(path)
+
+
+def test_every_picture_the_page_references_is_committed_as_a_png():
+    page = PAGE.read_text(encoding="utf-8")
+    paths = image_paths(page, PAGE.parent)
+    assert len(paths) == 4
+    for path in paths:
+        assert path.parent == REPO / "docs" / "images"
+        assert_png(path)
+
+
+def test_every_excerpt_is_the_source_at_the_lines_it_links():
+    page = PAGE.read_text(encoding="utf-8")
+    found = list(EXCERPT.finditer(page))
+    assert len(found) == page.count("```python\n") >= 15, "a code block without its source link"
+    for match in found:
+        lines = (REPO / match["path"]).read_text(encoding="utf-8").splitlines(keepends=True)
+        first, last = int(match["first"]), int(match["last"] or match["first"])
+        assert match["code"] == textwrap.dedent("".join(lines[first - 1:last])), match[0][:80]
+
+
+def test_an_anchor_missing_from_the_code_is_a_clear_error():
+    with pytest.raises(ExcerptError, match=r"attend \(scratch_models/attention\.py\).*'s = q @ k\.T / 8'"):
+        excerpt(attention.attend, "s = q @ k.T / 8")
+    with pytest.raises(ExcerptError, match=r"BertSelfAttention\.forward.*'no such end'"):
+        excerpt(BertSelfAttention.forward, "q = self.q(", "no such end")
+    whole = excerpt(BertSelfAttention.split_heads)
+    assert whole.code.startswith("def split_heads(self, x):") and whole.last == whole.first + 1
+
+
+def test_the_check_reports_an_edited_page_and_a_missing_picture(tmp_path, monkeypatch):
+    shutil.copy(REPO / "docs" / "hook_names.md", tmp_path / "hook_names.md")
+    (tmp_path / "walkthrough.md").write_text(PAGE.read_text(encoding="utf-8") + "edited by hand\n", encoding="utf-8")
+    monkeypatch.setattr(docs, "DOCS", tmp_path)
+    stale = docs.write_docs(check=True)
+    assert stale == [tmp_path / "walkthrough.md", *image_paths(PAGE.read_text(encoding="utf-8"), tmp_path)]
