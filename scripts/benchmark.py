@@ -267,6 +267,8 @@ def main() -> int:
         parser.error("--device cuda: no CUDA device is available")
     import transformers
 
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # its save/load bars would bury the tables
     torch.set_grad_enabled(False)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.device}, "
           f"{torch.get_num_threads()} threads; ratio = transformers time / ours")
