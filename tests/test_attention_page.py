@@ -1,9 +1,11 @@
 """The attention page: static checks on the HTML, then the page driven in headless Chromium."""
 
+import base64
 import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,8 +29,24 @@ def make_inputs(seed=0, causal=True, dtype=torch.float32):
 
 
 def embedded_data(page: str) -> dict:
+    """The page's data with its packed tensors decoded as the page's script decodes them (masked scores None)."""
     m = re.search(r'<script type="application/json" id="attention-data">(.*?)</script>', page, re.S)
-    return json.loads(m.group(1))
+    data = json.loads(m.group(1))
+    for name in ("probs", "q", "k", "scores"):
+        packed = data[name]
+        dtype = {"u16": "<u2", "f32": "<f4"}[packed["kind"]]
+        values = np.frombuffer(base64.b64decode(packed["data"]), dtype=dtype).astype(np.float64)
+        if packed["kind"] == "u16":
+            values = values / 65535
+        nested = values.reshape(packed["shape"]).tolist()
+        data[name] = _none_for_nan(nested)
+    return data
+
+
+def _none_for_nan(x):
+    if isinstance(x, list):
+        return [_none_for_nan(v) for v in x]
+    return None if x != x else x
 
 
 # ---------- static checks ----------
@@ -51,13 +69,15 @@ def test_tokens_are_escaped_and_round_trip():
     assert data["tokens"] == TOKENS
 
 
-def test_masked_scores_are_null_and_values_rounded():
+def test_masked_scores_are_null_and_values_packed_faithfully():
     tokens, probs, q, k, scores = make_inputs()
     data = embedded_data(attention_html(tokens, probs, q, k, scores))
     assert data["scores"][0][0][0][1] is None  # query 0 may not see key 1
-    assert data["scores"][0][0][1][0] == pytest.approx(scores[0, 0, 1, 0].item(), abs=5e-4)
+    assert data["scores"][0][0][1][0] == scores[0, 0, 1, 0].item()  # float32: exact
     assert data["probs"][0][0][0] == [1.0] + [0.0] * (S - 1)
-    assert all(len(repr(x).split(".")[1]) <= 4 for x in data["probs"][2][3][6])
+    # probabilities to within half a step of 1/65535; q and k exactly
+    assert np.allclose(data["probs"], probs.numpy(), atol=0.5 / 65535, rtol=0)
+    assert data["q"] == q.tolist() and data["k"] == k.tolist()
 
 
 def test_float16_mask_value_is_masked():
