@@ -19,8 +19,7 @@ def convert(source: str, destination, *, dtype: str | None = None, legacy: bool 
         raise ValueError(f"{destination}: exists and is not an empty directory; convert writes a new one")
     checkpoint = open_checkpoint(source)
     family = family_of(checkpoint)
-    config = family.base.config_class.from_json_file(checkpoint.config_path)
-    model_class = family.base if family.missing_head_tensors(checkpoint, config) else family.head
+    model_class = family.widest_model(checkpoint)
     model = model_class.from_pretrained(source, dtype=dtype)
     with staged(destination) as staging:
         files = model.save_pretrained(staging, legacy=legacy)

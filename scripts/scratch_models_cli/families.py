@@ -32,6 +32,16 @@ class Family:
         return [key for key, ours in self.table.tensor_names(num_layers).items()
                 if ours in head_names - base_names and key not in present]
 
+    def widest_model(self, checkpoint) -> type:
+        """Our class with the task head when the checkpoint carries the head's tensors, else the base class."""
+        config = self.base.config_class.from_json_file(checkpoint.config_path)
+        return self.base if self.missing_head_tensors(checkpoint, config) else self.head
+
+    def check_pairs(self, pairs) -> None:
+        """Sentence pairs need token types, which only some families have."""
+        if pairs and "token_type_ids" not in self.input_names:
+            raise ValueError(f"--pair: {self.table.family} has no sentence pairs (no token types)")
+
     def encode(self, checkpoint, config, texts, pairs) -> tuple[dict, str]:
         """Tokenized texts (or default ones) as model inputs, or random ids when no tokenizer is at hand."""
         tokenizer = load_tokenizer(checkpoint)
@@ -41,8 +51,7 @@ class Family:
             if pairs:
                 raise ValueError("--pair needs --text: each pair is the second segment of one text")
             texts, pairs = self.default_texts, self.default_pairs
-        if pairs and "token_type_ids" not in self.input_names:
-            raise ValueError("--pair: this model family has no sentence pairs (no token types)")
+        self.check_pairs(pairs)
         texts, pairs = list(texts), list(pairs) if pairs else None
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"--pair given {len(pairs)} times for {len(texts)} --text: give one pair per text")

@@ -5,14 +5,13 @@ Writes into the output directory:
     attention_grid.png      every layer x head
     head_L{l}_H{h}.png      the chosen head, tokens on both axes
     summary.txt, .json      shape, mean, std, min, max of every cached tensor
-All files are rendered first and then moved into place together, so an error leaves nothing half-written.
+All files are written into a staging directory beside `--out` and moved in only when complete, so an error
+leaves nothing half-written.
 """
 
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 from scratch_models.attention_page import attention_html
 from scratch_models.attention_plots import attention_grid_png, head_png
 from scratch_models.inspection import AttentionCapture, format_summary, summarize
-from weight_mapping import open_checkpoint
+from weight_mapping import open_checkpoint, staged
 
 from .families import family_of, require_tokenizer
 from .verify import embedded_checkpoint
@@ -41,15 +40,12 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
     source = model or str(embedded_checkpoint())
     checkpoint = open_checkpoint(source)
     family = family_of(checkpoint)
-    if pair is not None and "token_type_ids" not in family.input_names:
-        raise ValueError(f"--pair: {family.table.family} has no sentence pairs (no token types)")
+    family.check_pairs(None if pair is None else [pair])
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
     tokenizer = require_tokenizer(source)
-    config = family.base.config_class.from_json_file(checkpoint.config_path)
     # the task head too when the checkpoint has one, so its logits are cached as well
-    model_class = family.base if family.missing_head_tensors(checkpoint, config) else family.head
-    ours = model_class.from_pretrained(source, device=device)
+    ours = family.widest_model(checkpoint).from_pretrained(source, device=device)
 
     batch = tokenizer(text, pair, return_tensors="pt")
     inputs = {name: batch[name].to(device) for name in family.input_names if name in batch}
@@ -67,10 +63,7 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
     label = source if model else "all-MiniLM-L6-v2 (embedded)"
     summary = summarize(cache)
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".inspect-", dir=out))
-    try:
+    with staged(out) as staging:
         (staging / "attention.html").write_text(attention_html(
             tokens, capture.probs, capture.q, capture.k, capture.scores, sentence_b_start=b_start, layer=layer,
             head=head, query=token, title=label), encoding="utf-8")
@@ -81,9 +74,5 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
         (staging / "summary.json").write_text(json.dumps(
             {"model": label, "text": text, "pair": pair, "tokens": tokens, "tensors": summary}, indent=1),
             encoding="utf-8")
-        files = [out / f.name for f in sorted(staging.iterdir())]
-        for f in staging.iterdir():
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        files = [Path(out) / name for name in sorted(f.name for f in staging.iterdir())]
     return InspectResult(model=label, tokens=tokens, files=files, seconds=time.perf_counter() - start)
