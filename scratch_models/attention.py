@@ -52,6 +52,12 @@ def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return blocked.masked_fill(~keep, torch.finfo(dtype).min)
 
 
+def is_masked(scores: torch.Tensor) -> torch.Tensor:
+    """Where masked scores hold the value `_additive` puts there: adding a score to the dtype's most negative
+    number leaves that number, so the blocked entries of the `scores` hook point are exactly it."""
+    return scores == torch.finfo(scores.dtype).min
+
+
 def attend(q, k, v, mask, *, scale: float, dropout_p: float, scores: HookPoint, probs: HookPoint,
            explicit: bool, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [batch, heads, query, head_dim], k, v [batch, heads, key, head_dim] -> (context [batch, heads, query,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .attention import is_masked
+
 _MASKED_BELOW = -1e30  # a score at or below this is a mask value, not a score a model computed
 
 
@@ -111,7 +113,7 @@ def _check(tokens, probs, q, k, scores, sentence_b_start) -> tuple[int, int, int
 def _masked(scores: torch.Tensor) -> torch.Tensor:
     """True where a score is a mask value. The dtype's most negative number is tested in that dtype: float16
     masks with -65504, far above -1e30."""
-    at_min = scores == torch.finfo(scores.dtype).min
+    at_min = is_masked(scores)
     wide = scores.detach().to("cpu", torch.float32)
     return at_min.cpu() | ~torch.isfinite(wide) | (wide <= _MASKED_BELOW)
 

@@ -10,6 +10,8 @@ import re
 
 import torch
 
+from .attention import is_masked
+
 ATTENTION_HOOKS = ("q", "k", "scores", "probs")  # what the pictures need from each layer's attention
 
 
@@ -67,7 +69,7 @@ def attention_names(name: str) -> bool:
 
 
 def _masked_to_minus_inf(scores: torch.Tensor) -> torch.Tensor:
-    return scores.float().masked_fill(scores == torch.finfo(scores.dtype).min, float("-inf"))
+    return scores.float().masked_fill(is_masked(scores), float("-inf"))
 
 
 def summarize(cache: dict[str, torch.Tensor]) -> list[dict]:
@@ -77,7 +79,7 @@ def summarize(cache: dict[str, torch.Tensor]) -> list[dict]:
     rows = []
     for name, tensor in cache.items():
         values = tensor.detach().double()
-        masked = tensor == torch.finfo(tensor.dtype).min if tensor.is_floating_point() else torch.zeros_like(
+        masked = is_masked(tensor) if tensor.is_floating_point() else torch.zeros_like(
             tensor, dtype=torch.bool)
         kept = values[~masked]
         stats = dict(mean=kept.mean().item(), std=kept.std(correction=0).item(), min=kept.min().item(),
