@@ -91,14 +91,15 @@ def _sync(device: str):
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
-def _dtypes(device: str):
-    return [torch.float32] + ([torch.float16, torch.bfloat16] if device == "cuda" else [])
+def _dtypes(device: str) -> list[tuple[torch.dtype, str]]:
+    """The dtypes to run, each with the suffix its rows' names get (none for float32)."""
+    return [(torch.float32, "")] + ([(torch.float16, " float16"), (torch.bfloat16, " bfloat16")]
+                                    if device == "cuda" else [])
 
 
 def forward(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     rows = []
-    for dtype in _dtypes(device):
-        tag = "" if dtype == torch.float32 else f" {str(dtype).removeprefix('torch.')}"
+    for dtype, tag in _dtypes(device):
         for kind, name, shapes in (("bert", "BERT-base", ((8, 128), (1, 16))),
                                    ("gpt2", "GPT-2 124M", ((4, 128), (1, 16)))):
             ours, theirs = pair(kind, ckpt, device, dtype)
@@ -114,8 +115,7 @@ def forward(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
 
 def generate(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     rows = []
-    for dtype in _dtypes(device):
-        tag = "" if dtype == torch.float32 else f" {str(dtype).removeprefix('torch.')}"
+    for dtype, tag in _dtypes(device):
         ours, theirs = pair("gpt2", ckpt, device, dtype)
         ids = torch.randint(1000, (1, 16), generator=torch.Generator().manual_seed(2)).to(device)
         new = 64
