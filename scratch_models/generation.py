@@ -78,23 +78,38 @@ def warp(scores: torch.Tensor, temperature: float = 1.0, top_k: int | None = Non
     return scores
 
 
+class _FromConfig:
+    """The default of `generate`'s eos_token_id: the config's (None cannot say it: None means no end token)."""
+
+    def __repr__(self) -> str:
+        return "<the config's>"
+
+
+FROM_CONFIG = _FromConfig()
+
+
 class GenerationMixin:
     """`generate` for GPT2LMHeadModel: greedy or sampled decoding with the KV cache, batched with left padding."""
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                  max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
+                 eos_token_id: int | list[int] | tuple[int, ...] | None = FROM_CONFIG,
                  pad_token_id: int | None = None, generator: torch.Generator | None = None,
                  streamer=None) -> torch.Tensor:
         """input_ids [b, s] -> [b, s + generated]: the prompts followed by up to `max_new_tokens` new tokens.
 
         A batch of prompts of different lengths is padded on the left, with `attention_mask` [b, s] (1 token,
-        0 padding; None means no padding), so every row's next token lands in the same column.
+        0 padding; None means no padding), so every row's next token lands in the same column. A row padded on
+        the right or with a gap, or with no token at all, is refused.
         Greedy (`do_sample=False`, argmax) unless sampling; sampling draws from `warp`ed scores with `generator`.
         Unlike transformers, sampling applies no top-k unless asked (transformers' default is top_k=50).
-        A row stops at `eos_token_id` (default: the config's) and is filled with `pad_token_id` (default: the
-        config's, else eos) until every row has stopped or `max_new_tokens` are generated.
+        A row stops at `eos_token_id` (an id, or a list or tuple of ids: any of them; default the config's; None:
+        never, as in transformers) and is filled with `pad_token_id` (default the config's, else the first end
+        token inside the vocabulary) until every row has stopped or `max_new_tokens` are generated.
+        The config's end tokens outside the vocabulary are never generated, so they never stop a row (transformers'
+        GPT2Config keeps eos_token_id=50256 whatever its vocab_size); an argument outside it is refused.
         `streamer`: anything with `put(token_ids)` and `end()`, called as transformers calls its streamers.
         """
         config = self.config
@@ -103,9 +118,11 @@ class GenerationMixin:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         check_mask("attention_mask", attention_mask, (batch, prompt_len))
-        eos = config.eos_token_id if eos_token_id is None else eos_token_id
-        pad = next((t for t in (pad_token_id, config.pad_token_id, eos) if t is not None), None)
-        _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p, eos, pad, config.vocab_size)
+        _check_left_padded(attention_mask)
+        _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p)
+        eos, pad = _stop_tokens(eos_token_id, pad_token_id, config)
+        if eos is not None:
+            eos = torch.tensor(eos, dtype=torch.long, device=input_ids.device)
         # Positions count a row's real tokens, so a left-padded prompt starts at position 0 like an unpadded one;
         # padding sits at position 0 (masked anyway). transformers' generate does the same.
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
@@ -143,7 +160,7 @@ class GenerationMixin:
                 next_ids = logits.argmax(dim=-1)
             if eos is not None:
                 next_ids = next_ids.masked_fill(~unfinished, pad)
-                unfinished &= next_ids != eos
+                unfinished &= ~torch.isin(next_ids, eos)
             tokens[:, length] = next_ids
             length += 1
             if streamer is not None:
@@ -156,7 +173,7 @@ class GenerationMixin:
         return tokens[:, :length]
 
 
-def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p, eos, pad, vocab_size) -> None:
+def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p) -> None:
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if do_sample and not temperature > 0:
@@ -165,6 +182,65 @@ def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p, eos, p
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
-    for name, token in (("eos_token_id", eos), ("pad_token_id", pad)):
-        if token is not None and not 0 <= token < vocab_size:
-            raise ValueError(f"{name}={token} is out of range: must be 0 <= id < vocab_size = {vocab_size}")
+
+
+def _check_left_padded(attention_mask: torch.Tensor) -> None:
+    """Each row is padding, then at least one token. New tokens go after the last column, so a row padded on the
+    right would be continued from its padding (transformers only warns, and only about the last column)."""
+    real = attention_mask.bool()
+    empty = ~real.any(dim=-1)
+    late = real.long().cummax(dim=-1).values.bool() & ~real  # padding after a token: on the right, or a gap
+    if bool(empty.any()):
+        raise ValueError(f"attention_mask row {int(empty.nonzero()[0])} is all padding (0): it has no token to "
+                         "continue; give every row at least one")
+    if bool(late.any()):
+        row, column = (int(i) for i in late.nonzero()[0])
+        raise ValueError(f"attention_mask row {row} has padding (0) at column {column}, after a token: new tokens "
+                         "are appended after the last column, so pad on the left (tokenizer.padding_side = "
+                         "\"left\")")
+
+
+def _stop_tokens(eos_token_id, pad_token_id, config) -> tuple[list[int] | None, int | None]:
+    """The end tokens that can stop a row (None: none can) and the id that fills a stopped row.
+
+    An argument is checked whether or not it is used; a config's value only where it is used, so a small config
+    with transformers' default eos_token_id=50256 still generates. The fill falls back to the first end token
+    inside the vocabulary: transformers takes the first one, writes it even when it lies outside, and then fails
+    on feeding it back.
+    """
+    vocab = config.vocab_size
+    if eos_token_id is FROM_CONFIG:
+        eos = [t for t in _token_ids("eos_token_id", config.eos_token_id, " (the config's)") if t < vocab]
+    else:
+        eos = _token_ids("eos_token_id", eos_token_id)
+        _check_in_vocab("eos_token_id", eos, vocab, hint="; the model can never generate it (eos_token_id=None: "
+                        "stop at no end token)")
+    if pad_token_id is not None:
+        (pad,) = _token_ids("pad_token_id", pad_token_id, single=True)
+        _check_in_vocab("pad_token_id", [pad], vocab)
+    elif config.pad_token_id is not None and eos:
+        (pad,) = _token_ids("pad_token_id", config.pad_token_id, " (the config's)", single=True)
+        _check_in_vocab("pad_token_id", [pad], vocab, " (the config's)", hint="; pass pad_token_id")
+    else:
+        pad = eos[0] if eos else None
+    return eos or None, pad
+
+
+def _token_ids(name: str, value, source: str = "", single: bool = False) -> list[int]:
+    """`value` (None, an id, or unless `single` a non-empty list or tuple of ids) as a list of ids >= 0."""
+    many = isinstance(value, (list, tuple)) and not single
+    ids = list(value) if many else [] if value is None else [value]
+    what = "an id (int >= 0)" if single else "an id (int >= 0), a list or tuple of ids, or None"
+    if many and not ids:
+        raise ValueError(f"{name}{source} is empty: give {what}")
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"{name}={value!r}{source}: {token!r} is not a token id; give {what}")
+    return ids
+
+
+def _check_in_vocab(name: str, ids: list[int], vocab_size: int, source: str = "", hint: str = "") -> None:
+    for token in ids:
+        if token >= vocab_size:
+            raise ValueError(f"{name}={token}{source} is out of range: must be 0 <= id < vocab_size = "
+                             f"{vocab_size}{hint}")
