@@ -8,12 +8,21 @@ not implement (relative positions, a decoder BERT, untied heads) are refused rat
 import dataclasses
 import json
 import math
+import reprlib
 import types
 from pathlib import Path
 
 
 class ConfigError(ValueError):
     """A config.json that is missing, unreadable, or describes a model we do not build."""
+
+
+# Sizes far past any model of these families: a config beyond them is a typo or a hostile file, refused here
+# rather than by torch's overflow error or an allocation of terabytes. The largest real ones: gpt2-xl and
+# MegatronBERT have 48 layers; the biggest weight matrix is multilingual BERT's word embeddings, 119547 x 768
+# (92 M elements).
+MAX_LAYERS = 4096  # four times the deepest transformer trained (DeepNet, 1000 layers); building 4096 takes seconds
+MAX_MATRIX = 2**36  # elements in one weight matrix: 256 GiB in float32, more than any accelerator holds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,12 +36,12 @@ class _Config:
         found_type = raw.get("model_type")
         if found_type is not None and found_type != cls.model_type:
             raise ConfigError(
-                f"{source}: model_type is {found_type!r}, but {cls.__name__} needs {cls.model_type!r} "
+                f"{source}: model_type is {reprlib.repr(found_type)}, but {cls.__name__} needs {cls.model_type!r} "
                 "(is this a checkpoint of another architecture?)"
             )
         for field, (required, why) in cls.fixed_settings().items():
             if field in raw and raw[field] != required:
-                raise ConfigError(f"{source}: {field}={raw[field]!r} is not supported: {why}")
+                raise ConfigError(f"{source}: {field}={reprlib.repr(raw[field])} is not supported: {why}")
         values = {}
         for f in dataclasses.fields(cls):
             if not f.init:
@@ -57,7 +66,7 @@ class _Config:
             raise ConfigError(f"{path}: cannot read config.json ({type(e).__name__}: {e})") from None
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # also an integer of over 4300 digits, and deep nesting
             raise ConfigError(f"{path}: not valid JSON ({e})") from None
         return cls.from_dict(raw, source=str(path))
 
@@ -88,7 +97,7 @@ def _checked(value, field: dataclasses.Field, source: str):
     )
     if not ok:
         expected = f"{kind.__name__} or null" if optional else kind.__name__
-        raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {value!r}")
+        raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {reprlib.repr(value)}")
     return float(value) if kind is float else value
 
 
@@ -96,6 +105,21 @@ def _require_positive(config, source: str, *names: str) -> None:
     for name in names:
         if not 0 < getattr(config, name) < math.inf:  # JSON as Python reads it allows NaN and Infinity
             raise ConfigError(f"{source}: field {name!r} must be positive and finite, got {getattr(config, name)}")
+
+
+def _require_sane_sizes(config, source: str, layers: str, *matrices: tuple[str, str]) -> None:
+    """`layers` at most MAX_LAYERS, and each weight matrix (rows field, columns field) at most MAX_MATRIX elements."""
+    if getattr(config, layers) > MAX_LAYERS:
+        raise ConfigError(f"{source}: field {layers!r} is {getattr(config, layers)}, more than the {MAX_LAYERS} "
+                          "layers accepted")
+    for rows, columns in matrices:
+        if getattr(config, rows) is None:  # an unset size derived from others (n_inner: 4 * n_embd)
+            continue
+        size = getattr(config, rows) * getattr(config, columns)
+        if size > MAX_MATRIX:
+            raise ConfigError(f"{source}: fields {rows!r} x {columns!r} ({getattr(config, rows)} x "
+                              f"{getattr(config, columns)}) make a weight matrix of {size} elements, more than the "
+                              f"2**{MAX_MATRIX.bit_length() - 1} accepted")
 
 
 def _require_probability(config, source: str, *names: str) -> None:
@@ -133,6 +157,9 @@ class BertConfig(_Config):
     def validate(self, source: str) -> None:
         _require_positive(self, source, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                           "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
+        _require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
+                            ("max_position_embeddings", "hidden_size"), ("type_vocab_size", "hidden_size"),
+                            ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
         _require_probability(self, source, "hidden_dropout_prob", "attention_probs_dropout_prob")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
@@ -186,6 +213,8 @@ class GPT2Config(_Config):
                           "layer_norm_epsilon")
         if self.n_inner is not None:
             _require_positive(self, source, "n_inner")
+        _require_sane_sizes(self, source, "n_layer", ("vocab_size", "n_embd"), ("n_positions", "n_embd"),
+                            ("n_embd", "n_embd"), ("n_inner", "n_embd"))
         _require_probability(self, source, "resid_pdrop", "embd_pdrop", "attn_pdrop")
         if self.n_embd % self.n_head:
             raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")

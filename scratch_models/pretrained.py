@@ -12,7 +12,8 @@ from .hooks import HookedModel
 
 logger = logging.getLogger("scratch_models")
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# float64 computes exactly what transformers does in float64 (a reference for reduced-precision runs)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 class PretrainedModel(HookedModel):
@@ -33,10 +34,11 @@ class PretrainedModel(HookedModel):
         model is ever returned. The model comes back in eval mode; `model.loading_info` tells what was loaded
         and what was skipped.
         """
-        from weight_mapping import load_state, open_checkpoint
+        from weight_mapping import check_layer_count, load_state, open_checkpoint
 
         checkpoint = open_checkpoint(name_or_path)
         config = cls.config_class.from_json_file(checkpoint.config_path)
+        check_layer_count(cls.mapping_table, checkpoint, getattr(config, cls.mapping_table.layers_field))
         model_kwargs = cls.kwargs_for_checkpoint(checkpoint.keys()) | model_kwargs
         with torch.device("meta"), _no_init():  # shapes only: every tensor is replaced by the checkpoint's below
             model = cls(config, **model_kwargs)
@@ -57,14 +59,13 @@ class PretrainedModel(HookedModel):
         `legacy=True`: the original release's layout instead (BERT as bert-base-uncased: `bert.` prefix,
         LayerNorm gamma/beta, the tied decoder weight stored; GPT-2 as the hub's gpt2: no prefix, no lm_head).
         `dtype`: cast the tensors (default: as they are, which must then be one dtype). The files are written
-        beside `directory` and moved in only when complete; other files in `directory` are left alone.
+        into a hidden folder inside `directory` and moved in only when complete; other files in `directory` are
+        left alone.
         Returns the two files.
         """
         from weight_mapping import checkpoint_state, write_checkpoint
 
         dtype = as_dtype(dtype)
-        if dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype {dtype} is not a floating-point type")
         state = self.state_dict()
         stored = {t.dtype for t in state.values()}
         if dtype is None and len(stored) > 1:
@@ -101,9 +102,14 @@ def _no_init():
 
 
 def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    """`dtype`, a name or a torch.dtype, as one of the torch.dtypes our models compute in (None stays None).
+
+    Raises ValueError for any other (float8, integer, complex: they would load, then fail at the first forward).
+    """
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
-    try:
+    if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}") from None
+    not_float = isinstance(dtype, torch.dtype) and not dtype.is_floating_point
+    raise ValueError(f"dtype {dtype!r} is {'not a floating-point type' if not_float else 'not supported'}; "
+                     f"use one of {', '.join(DTYPES)}")

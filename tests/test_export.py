@@ -184,8 +184,8 @@ def test_dtype_export_casts_every_tensor(tmp_path, bert_source, gpt2_source, dty
 
 def test_save_refuses_bad_dtypes_and_mixed_models(tmp_path, gpt2_source):
     model = GPT2Model.from_pretrained(gpt2_source[1])
-    with pytest.raises(ValueError, match="float64.*not supported"):
-        model.save_pretrained(tmp_path / "a", dtype="float64")
+    with pytest.raises(ValueError, match="float8_e4m3fn.*not supported"):
+        model.save_pretrained(tmp_path / "a", dtype="float8_e4m3fn")
     with pytest.raises(ValueError, match="torch.int8 is not a floating-point type"):
         model.save_pretrained(tmp_path / "b", dtype=torch.int8)
     model.norm_f.half()

@@ -5,6 +5,7 @@ model built on the meta device and stays free of any model code.
 """
 
 import dataclasses
+import re
 
 import torch
 
@@ -94,6 +95,38 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         prefixed=any(key.startswith(table.base_prefix) for key in keys),
     )
     return state, info
+
+
+def check_layer_count(table: MappingTable, checkpoint: Checkpoint, num_layers: int) -> None:
+    """Refuse a checkpoint with fewer layers than `num_layers` (config.json's count) before a model is built: a
+    config saying 20000 layers beside weights of 12 would otherwise build 20000 layers to report the mismatch.
+    A config with fewer layers than the checkpoint costs nothing to build: `load_state` then lists every tensor
+    that is left over, with the rest of what does not fit.
+
+    The layer indices are read from the keys of per-layer rows ("{i}") and per-layer ignored buffers; a
+    checkpoint with none of them is left to `load_state`, which lists what is missing. Raises CheckpointError
+    with both counts and the first tensor the checkpoint lacks.
+    """
+    per_layer = _per_layer_keys(table)
+    found = {}  # layer index -> a checkpoint key of that layer
+    for key in checkpoint.keys():
+        if match := per_layer.fullmatch(table.normalize(key)):
+            found.setdefault(int(match[match.lastindex]), key)
+    if not found or max(found) + 1 >= num_layers:
+        return
+    count = max(found) + 1
+    row = next(row for row in table.rows if "{i}" in row.checkpoint and row.tensors)
+    evidence = f"it has no {row.checkpoint.format(i=count)}.{row.tensors[0]}"
+    raise CheckpointError(f"{checkpoint.source}: {checkpoint.config_path} says {table.layers_field}={num_layers}, "
+                          f"but the checkpoint holds {count} layer(s): {evidence}")
+
+
+def _per_layer_keys(table: MappingTable) -> re.Pattern:
+    """Matches a normalized per-layer key; its one matching group is the layer index (no leading zeros)."""
+    templates = [f"{row.checkpoint}.{leaf}" for row in table.rows if "{i}" in row.checkpoint for leaf in row.tensors]
+    templates += [key for key in table.ignored if "{i}" in key]
+    return re.compile("|".join(re.escape(t).replace(re.escape("{i}"), "(0|[1-9][0-9]*)")
+                               for t in dict.fromkeys(templates)))
 
 
 def _mismatch_message(checkpoint, table, model_name, num_layers, expected, missing, unexpected, misshaped) -> str:

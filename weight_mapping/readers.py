@@ -10,7 +10,7 @@ import json
 import os
 import pickle
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import torch
 
@@ -77,8 +77,9 @@ def open_checkpoint(name_or_path) -> Checkpoint:
         for key in keys:
             if key in checkpoint.where:
                 raise CheckpointError(f"tensor {key!r} is in both {checkpoint.where[key]} and {file}")
-            if where is not None and where.get(key) != file.name:
-                raise CheckpointError(f"{file}: holds tensor {key!r}, which the index places in {where.get(key)}")
+            if where is not None and where.get(key) != file:
+                place = f"places in {where[key]}" if key in where else "does not list"
+                raise CheckpointError(f"{file}: holds tensor {key!r}, which the index {weights} {place}")
             checkpoint.where[key] = file
     if where is not None:
         absent = sorted(set(where) - set(checkpoint.where))
@@ -96,30 +97,40 @@ def _weights_in(directory: Path) -> Path:
                           f"holds {', '.join(present[:10]) or 'nothing'}{' ...' if len(present) > 10 else ''}")
 
 
-def _shard_files(weights: Path) -> tuple[list[Path], dict | None]:
-    """The weight files and, for a sharded index, its tensor name -> shard file name map."""
+def _shard_files(weights: Path) -> tuple[list[Path], dict[str, Path] | None]:
+    """The weight files and, for a sharded index, its tensor name -> shard file map."""
     if not weights.name.endswith(".index.json"):
         if weights.suffix not in (".safetensors", ".bin"):
             raise CheckpointError(f"{weights}: not a weights file (.safetensors, .bin or .index.json)")
         return [weights], None
-    weight_map = _read_index(weights)
-    files = []
-    for shard in dict.fromkeys(weight_map.values()):
-        file = weights.parent / shard
+    # "sub/x" and "./sub//x" name the same file: one Path each, so a shard is opened once whatever its spelling
+    where = {key: weights.parent / shard for key, shard in _read_index(weights).items()}
+    files = list(dict.fromkeys(where.values()))
+    for file in files:
         if not file.is_file():
-            raise CheckpointError(f"{weights}: names shard {shard!r}, which is not in {weights.parent}")
-        files.append(file)
-    return files, weight_map
+            raise CheckpointError(f"{weights}: names shard {str(file.relative_to(weights.parent))!r}, which is "
+                                  f"not in {weights.parent}")
+    return files, where
 
 
 def _read_index(index: Path) -> dict[str, str]:
-    """A sharded checkpoint's index: tensor name -> shard file name."""
+    """A sharded checkpoint's index: tensor name -> shard file name, relative to the index's directory.
+
+    As in transformers, a shard may sit in a subdirectory ("sub/model-00001-of-00002.safetensors"); a shard name
+    that would leave the directory (absolute, or with a `..`) is refused before any file it names is looked at.
+    The check is on the names only: the hub cache's files are symlinks into its blob store, which is outside.
+    """
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
+        # ValueError: bad JSON, or an integer of more digits than Python converts; RecursionError: deep nesting
         raise CheckpointError(f"{index}: not a sharded-checkpoint index ({type(e).__name__}: {e})") from None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index}: weight_map should map tensor names to shard file names")
+    for key, shard in weight_map.items():
+        if not shard or PurePath(shard).is_absolute() or ".." in PurePath(shard).parts:
+            raise CheckpointError(f"{index}: tensor {key!r} is placed in shard {shard!r}, which is not a file name "
+                                  f"inside {index.parent}; shard names must be relative paths without '..'")
     return weight_map
 
 

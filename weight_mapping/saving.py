@@ -7,6 +7,7 @@ the decoder weight stored).
 """
 
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -52,37 +53,81 @@ def checkpoint_state(table: MappingTable, state: dict[str, torch.Tensor], num_la
 
 
 def write_checkpoint(directory, config: dict, tensors: dict[str, torch.Tensor]) -> list[Path]:
-    """Write `config` as config.json and `tensors` as model.safetensors into `directory` (created if need be),
-    whole or not at all (see `staged`). Returns the two files."""
+    """Write `config` as config.json and `tensors` as model.safetensors into `directory` (created if need be; `~`
+    is expanded), whole or not at all (see `staged`). Returns the two files. A failed write (a full or read-only
+    disk) raises OSError naming `directory`."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    directory = Path(directory).expanduser()
     with staged(directory) as staging:
-        # safetensors wants dense CPU tensors; metadata as transformers writes it (it checks "format")
-        save_file({key: t.detach().to("cpu").contiguous() for key, t in tensors.items()},
-                  str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return [Path(directory) / CONFIG_FILE, Path(directory) / WEIGHTS_FILE]
+        try:
+            # safetensors wants dense CPU tensors; metadata as transformers writes it (it checks "format")
+            save_file({key: t.detach().to("cpu").contiguous() for key, t in tensors.items()},
+                      str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+            (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
+                                               encoding="utf-8")
+        except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error type
+            raise OSError(f"{directory}: cannot write the checkpoint ({e})") from None
+    return [directory / CONFIG_FILE, directory / WEIGHTS_FILE]
 
 
 @contextlib.contextmanager
 def staged(target):
-    """A new directory beside `target` to write into. When the block completes, it becomes `target`; if `target`
-    already exists, its files replace theirs one by one (each move atomic, other files left alone). If the block
-    fails, it is removed and `target` is untouched."""
-    target = Path(target).resolve()
+    """A new hidden directory inside `target` (created if need be; `~` is expanded) to write into. When the block
+    completes, its files move into `target`, replacing those of the same names; other files are left alone.
+
+    Staging inside `target` keeps every move on one file system (`target` may be a mount point) and never writes
+    to its parent (which may be read-only when `target` exists). If the block fails, the staging directory, and
+    `target` itself if this call created it, are removed: `target` is as it was. If a move fails, the moves done
+    are undone. The moves take the old config.json out first and put the new one in last, so a config.json in
+    `target` always sits beside the files written with it: a save cut short between moves (power lost, process
+    killed) leaves `target` without config.json, which loading refuses ("config.json not found", or "no weights
+    file" while the weights are moved too), and the old files in a hidden `.*.replaced` directory inside `target`.
+    """
+    target = Path(target).expanduser().resolve()
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is not a directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.{secrets.token_hex(4)}.partial"
-    staging.mkdir()
+    created = list(itertools.takewhile(lambda d: not d.exists(), [target, *target.parents]))[::-1]
+    staging = target / f".{secrets.token_hex(4)}.partial"
     try:
+        for directory in created:
+            directory.mkdir()
+        staging.mkdir()
         yield staging
-        if target.exists():
-            for file in staging.iterdir():
-                os.replace(file, target / file.name)
-            staging.rmdir()
-        else:
-            staging.rename(target)
+        _move_in(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):  # one made by this call that something else wrote into stays
+                directory.rmdir()
         raise
+    staging.rmdir()
+
+
+def _move_in(staging: Path, target: Path) -> None:
+    """Move the files of `staging` into `target`: the old ones of the same names aside (config.json first), then
+    the new ones in (config.json last). On an error, what was moved goes back, and the error is raised."""
+    new = sorted(staging.iterdir(), key=lambda file: file.name == CONFIG_FILE)
+    old = [file.name for file in reversed(new) if os.path.lexists(target / file.name)]
+    aside = staging.with_suffix(".replaced")
+    if old:
+        aside.mkdir()
+    moved_aside, moved_in = [], []
+    try:
+        for name in old:
+            os.replace(target / name, aside / name)
+            moved_aside.append(name)
+        for file in new:
+            os.replace(file, target / file.name)
+            moved_in.append(file.name)
+    except BaseException:
+        for name in moved_in:
+            os.replace(target / name, staging / name)
+        for name in reversed(moved_aside):
+            os.replace(aside / name, target / name)
+        if old:
+            aside.rmdir()
+        raise
+    if old:
+        shutil.rmtree(aside)

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         run = {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate, "inspect": _inspect,
                "convert": _convert}
         return run[args.command](args)
-    except (CheckpointError, ConfigError, ValueError, FileNotFoundError) as e:
+    # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
+    except (CheckpointError, ConfigError, ValueError, OSError) as e:
         print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -12,9 +12,10 @@ from .families import family_of
 def convert(source: str, destination, *, dtype: str | None = None, legacy: bool = False) -> str:
     """Load `source` with our model (with its head when the checkpoint has one), save it into `destination`
     (new or empty), load that again and require every tensor to be bitwise what was loaded from `source`.
-    `dtype` casts while loading. Nothing is left in `destination` unless the round trip holds. Returns a
-    summary of what was read, renamed, dropped and written."""
-    destination = Path(destination)
+    `dtype` casts while loading. Nothing is left in `destination` unless the round trip holds, and a
+    `destination` this call created is removed again. Returns a summary of what was read, renamed, dropped and
+    written."""
+    destination = Path(destination).expanduser()
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise ValueError(f"{destination}: exists and is not an empty directory; convert writes a new one")
     checkpoint = open_checkpoint(source)

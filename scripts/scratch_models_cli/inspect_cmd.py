@@ -5,8 +5,8 @@ Writes into the output directory:
     attention_grid.png      every layer x head
     head_L{l}_H{h}.png      the chosen head, tokens on both axes
     summary.txt, .json      shape, mean, std, min, max of every cached tensor
-All files are written into a staging directory beside `--out` and moved in only when complete, so an error
-leaves nothing half-written.
+All files are written into a hidden staging directory inside `--out` and moved in only when complete, so an
+error leaves nothing half-written.
 """
 
 import dataclasses
@@ -74,5 +74,5 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
         (staging / "summary.json").write_text(json.dumps(
             {"model": label, "text": text, "pair": pair, "tokens": tokens, "tensors": summary}, indent=1),
             encoding="utf-8")
-        files = [Path(out) / name for name in sorted(f.name for f in staging.iterdir())]
+        files = [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
     return InspectResult(model=label, tokens=tokens, files=files, seconds=time.perf_counter() - start)
