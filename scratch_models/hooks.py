@@ -49,7 +49,8 @@ class HookedModel(nn.Module):
     def hooks(self, hooks: Iterable[tuple[str, HookFn]]):
         """Attach `(name, fn)` pairs for the duration of a `with` block.
 
-        `fn(tensor, name)` returns a replacement tensor, or None to leave the tensor as it is.
+        `fn(tensor, name)` returns a replacement tensor of the same shape, dtype and device (anything else is an
+        error naming the hook point), or None to leave the tensor as it is.
         """
         points = self.hook_points()
         by_name: dict[str, list[HookFn]] = {}
@@ -99,10 +100,27 @@ def _chain(name: str, before: list, fns: list[HookFn]):
         for fn in fns:
             replaced = fn(x, name)
             if replaced is not None:
+                _check_replacement(name, fn, x, replaced)
                 x = replaced
         return x
 
     return run
+
+
+def _check_replacement(name: str, fn, given: torch.Tensor, replaced) -> None:
+    """A hook's replacement must be a tensor like the one it was given: another shape would silently reach the
+    output through broadcasting, another dtype or device would fail far from the hook, or compute in another
+    precision."""
+    def described(t):
+        return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+    if not isinstance(replaced, torch.Tensor):
+        raise TypeError(f"hook {getattr(fn, '__name__', fn)!r} on {name!r} returned {type(replaced).__name__}; "
+                        "a hook returns a tensor like the one it was given, or None to leave it as it is")
+    if (replaced.shape, replaced.dtype, replaced.device) != (given.shape, given.dtype, given.device):
+        raise ValueError(f"hook {getattr(fn, '__name__', fn)!r} on {name!r} returned a tensor of "
+                         f"{described(replaced)}; {name} holds {described(given)}. A hook returns a tensor of the "
+                         "same shape, dtype and device (or None to leave it as it is)")
 
 
 def _unknown_name_message(name: str, points: dict) -> str:

@@ -1,12 +1,12 @@
 """`from_pretrained`: build the model without random init, fill it from a checkpoint through a mapping table;
 `save_pretrained`: the table run backwards, into the layout transformers writes."""
 
-import contextlib
 import logging
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .hooks import HookedModel
 
@@ -40,7 +40,7 @@ class PretrainedModel(HookedModel):
         config = cls.config_class.from_json_file(checkpoint.config_path)
         check_layer_count(cls.mapping_table, checkpoint, getattr(config, cls.mapping_table.layers_field))
         model_kwargs = cls.kwargs_for_checkpoint(checkpoint.keys()) | model_kwargs
-        with torch.device("meta"), _no_init():  # shapes only: every tensor is replaced by the checkpoint's below
+        with torch.device("meta"), _SkipInit():  # shapes only: every tensor is replaced by the checkpoint's below
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(cls.mapping_table, checkpoint, expected,
@@ -86,19 +86,20 @@ class PretrainedModel(HookedModel):
         return {}
 
 
-@contextlib.contextmanager
-def _no_init():
+class _SkipInit(TorchFunctionMode):
     """torch.nn.init's initialisers as no-ops while a model is built for loading: its tensors are about to be
-    replaced, and on the meta device torch's first `normal_` would import its decomposition library (~1.7 s)."""
-    names = [name for name in dir(nn.init) if name.endswith("_") and not name.startswith("_")]
-    saved = {name: getattr(nn.init, name) for name in names}
-    try:
-        for name in names:
-            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(nn.init, name, fn)
+    replaced, and on the meta device torch's first `normal_` would import its decomposition library (~1.7 s).
+
+    A torch function mode, not a patch of nn.init: it holds for this thread only, so a module built elsewhere in
+    the meantime is initialised as usual."""
+
+    INITIALISERS = frozenset(getattr(nn.init, name) for name in dir(nn.init)
+                             if name.endswith("_") and not name.startswith("_"))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
