@@ -1,82 +1,98 @@
 """Scaled dot-product attention over heads, shared by BERT and GPT-2.
 
-    Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_head) + M) V
+    Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_head), over the keys each query may see) V
 
-M is an additive mask: 0 where a query may look at a key, a huge negative number where it may not. There are
-two paths that compute the same thing: the explicit one, which materialises the scores and probabilities so
-they can be read or edited through hook points, and torch's fused `scaled_dot_product_attention`, used when
-nobody needs them.
+There are two paths that compute the same thing: the explicit one, which materialises the scores and
+probabilities so they can be read or edited through hook points, and torch's fused
+`scaled_dot_product_attention`, used when nobody needs them.
+
+A query that may see no key at all (a padding token in GPT-2 with left padding, or a row of `attention_mask`
+that is all 0) attends to nothing: its weights are all 0 and its context is 0, as torch's fused kernel and
+transformers' default (SDPA) attention compute it. transformers' eager attention spreads such a row evenly over
+every key instead, future ones included; its float16 version can even return NaN there. Both of our paths take
+the same decision on purpose, and the fused kernel is never handed such a row: its backward pass gets the
+gradients wrong there.
 """
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from .hooks import HookPoint
+from .tracing import is_tracing
 
 
-def padding_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """[batch, key] (1 attend, 0 padding) -> additive mask [batch, 1, 1, key], or None if nothing is padded.
+@dataclasses.dataclass(frozen=True)
+class Mask:
+    """Which keys each query may see, built once per forward pass and shared by every layer."""
 
-    Padding gets the most negative finite number rather than -inf: its exp() underflows to exactly 0 all the
-    same, but a row with every key padded still has a finite softmax (uniform) instead of NaN.
-    """
-    if attention_mask is None or bool(attention_mask.all()):
+    keep: torch.Tensor  # [b or 1, 1, q or 1, k] bool: True where the query may see the key
+    blind: torch.Tensor  # [b or 1, 1, q or 1, 1] bool: True where the query may see no key at all
+    kernel: torch.Tensor  # keep, with every key shown to a blind query: the fused kernel never meets an empty row
+
+    @classmethod
+    def from_keep(cls, keep: torch.Tensor) -> "Mask":
+        blind = ~keep.any(dim=-1, keepdim=True)
+        return cls(keep, blind, keep | blind)
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> Mask | None:
+    """[batch, key] (1 attend, 0 padding) -> Mask over [batch, 1, 1, key], or None when there is no mask."""
+    if attention_mask is None or nothing_padded(attention_mask):
         return None
-    return _additive(attention_mask[:, None, None, :].to(torch.bool), dtype)
+    return Mask.from_keep(attention_mask[:, None, None, :].to(torch.bool))
 
 
-def causal_mask(attention_mask: torch.Tensor | None, query_len: int, past_len: int, dtype: torch.dtype,
-                device: torch.device) -> torch.Tensor | None:
-    """Additive mask [batch or 1, 1, query, past + query]: query i, at position past + i, sees the keys
-    0 .. past + i that are not padding (attention_mask [batch, past + query], 1 attend, 0 padding, or None).
-    None if nothing is blocked (a single new token and no padding).
-
-    Causality and padding are joined as booleans and turned into numbers once, as transformers does: a key both
-    in the future and padded gets finfo.min once, not twice (-inf), and a padding query that may see no key at
-    all gets a uniform row, as in transformers, instead of NaN.
-    """
+def causal_mask(attention_mask: torch.Tensor | None, query_len: int, past_len: int,
+                device: torch.device) -> Mask | None:
+    """Mask over [batch or 1, 1, query, past + query]: query i, at position past + i, sees the keys 0 .. past + i
+    that are not padding (attention_mask [batch, past + query], 1 attend, 0 padding, or None).
+    None if nothing is blocked (a single new token and no padding)."""
     if attention_mask is None and query_len == 1:
         return None  # one new token may see every key before it: the common decoding step, with no work
-    see = torch.ones(query_len, past_len + query_len, dtype=torch.bool, device=device).tril(diagonal=past_len)
-    see = see[None, None]  # [1, 1, query, key]
+    keep = torch.ones(query_len, past_len + query_len, dtype=torch.bool, device=device).tril(diagonal=past_len)
+    keep = keep[None, None]  # [1, 1, query, key]
     if attention_mask is not None:
-        see = see & attention_mask[:, None, None, :].to(torch.bool)  # [batch, 1, query, key]
-    if bool(see.all()):
-        return None
-    return _additive(see, dtype)
+        keep = keep & attention_mask[:, None, None, :].to(torch.bool)  # [batch, 1, query, key]
+    return Mask.from_keep(keep)
 
 
-def _additive(keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean keep-mask -> 0 where kept, the most negative finite `dtype` number where blocked."""
-    blocked = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
-    return blocked.masked_fill(~keep, torch.finfo(dtype).min)
+def nothing_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether every entry is 1, so no mask needs building. While tracing, exporting or compiling the answer is
+    always False: a Python branch on the values would be frozen into the graph for every later input."""
+    return not is_tracing(attention_mask) and bool(attention_mask.all())
 
 
 def is_masked(scores: torch.Tensor) -> torch.Tensor:
-    """Where masked scores hold the value `_additive` puts there: adding a score to the dtype's most negative
-    number leaves that number, so the blocked entries of the `scores` hook point are exactly it."""
+    """Where the `scores` hook point holds a blocked entry: the explicit path writes the dtype's most negative
+    number there (finite, so even a row with every key blocked has a finite softmax)."""
     return scores == torch.finfo(scores.dtype).min
 
 
-def attend(q, k, v, mask, *, scale: float, dropout_p: float, scores: HookPoint, probs: HookPoint,
+def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores: HookPoint, probs: HookPoint,
            explicit: bool, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [batch, heads, query, head_dim], k, v [batch, heads, key, head_dim] -> (context [batch, heads, query,
     head_dim], probs or None).
 
-    `mask`: additive, broadcastable to [batch, heads, query, key], or None. `causal`: query i sees keys 0..i
-    only, with no mask given (the fused kernel then applies causality itself, and skips the blocked half).
+    `mask`: a Mask broadcastable to [batch, heads, query, key], or None. `causal`: query i sees keys 0..i only,
+    with no mask given (the fused kernel then applies causality itself, and skips the blocked half).
     `explicit` (or anyone listening on the `scores` / `probs` hook points) takes the readable path and returns
     the probabilities [batch, heads, query, key]; otherwise the fused kernel runs and probs is None.
     """
     if not (explicit or scores.active or probs.active):
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                                 is_causal=causal)
-        return context, None
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, is_causal=causal), None
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.kernel, dropout_p=dropout_p, scale=scale)
+        return context.masked_fill(mask.blind, 0.0), None  # what a blind query got from the keys shown to it
     if causal:
-        mask = causal_mask(None, q.shape[2], 0, q.dtype, q.device)
+        mask = causal_mask(None, q.shape[2], 0, q.device)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [batch, heads, query, key]: how well each query fits each key
     if mask is not None:
-        s = s + mask
-    weights = probs(F.softmax(scores(s), dim=-1))  # each query's weights over the keys sum to 1
+        s = s.masked_fill(~mask.keep, torch.finfo(s.dtype).min)  # set, not added: adding could overflow to -inf
+    weights = F.softmax(scores(s), dim=-1)  # each query's weights over the keys it may see sum to 1
+    if mask is not None:
+        weights = weights.masked_fill(mask.blind, 0.0)  # a query that may see nothing attends to nothing
+    weights = probs(weights)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p else weights
     return torch.matmul(dropped, v), weights  # each query's weighted sum of the values

@@ -57,8 +57,10 @@ class BertSelfAttention(nn.Module):
         self.q = HookPoint("[b, n, s, d] queries, per head")
         self.k = HookPoint("[b, n, s, d] keys, per head")
         self.v = HookPoint("[b, n, s, d] values, per head")
-        self.scores = HookPoint("[b, n, s, s] q·k / sqrt(d) plus the padding mask, before softmax")
-        self.probs = HookPoint("[b, n, s, s] attention probabilities: each query's weights over the keys")
+        self.scores = HookPoint("[b, n, s, s] q·k / sqrt(d) before softmax; padding keys hold the dtype's lowest "
+                                "number")
+        self.probs = HookPoint("[b, n, s, s] attention probabilities: each query's weights over the keys (all 0 "
+                               "in a sequence that is all padding)")
         self.context = HookPoint("[b, n, s, d] each head's output (probs @ v), before the heads are merged")
         self.attention_dropout = config.attention_probs_dropout_prob
         self.dense = nn.Linear(h, h)
@@ -163,8 +165,8 @@ class BertModel(PretrainedModel):
         """input_ids [b, s]; attention_mask [b, s] 1 keep / 0 pad (bool, integer or float; an additive mask is
         refused); token_type_ids [b, s] (default 0); position_ids [b, s] or [1, s] (default 0..s-1).
 
-        A row whose attention_mask is all 0 is legal: no key is left to attend to, so its attention spreads
-        evenly over all of its keys (as transformers' eager attention does; its SDPA path gives other numbers).
+        A row whose attention_mask is all 0 is legal: no key is left to attend to, so its attention weights and
+        context are 0 (as transformers' default SDPA attention computes; its eager path spreads them evenly).
         Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError naming them."""
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
@@ -184,7 +186,7 @@ class BertModel(PretrainedModel):
         check_mask("attention_mask", attention_mask, (batch, seq))
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)
-        mask = padding_mask(attention_mask, x.dtype)  # built once, shared by every layer
+        mask = padding_mask(attention_mask)  # built once, shared by every layer
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, probs = layer(x, mask, need_probs=output_attentions)

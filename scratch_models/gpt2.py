@@ -18,7 +18,7 @@ from torch import nn
 from weight_mapping import GPT2
 
 from .activations import get_activation
-from .attention import attend, causal_mask
+from .attention import attend, causal_mask, nothing_padded
 from .config import GPT2Config
 from .generation import GenerationMixin, KVCache
 from .hooks import HookPoint
@@ -67,8 +67,10 @@ class GPT2Attention(nn.Module):
         self.q = HookPoint("[b, n, s, d] queries, per head (this step's tokens only)")
         self.k = HookPoint("[b, n, s, d] keys, per head (this step's tokens only, not the cached ones)")
         self.v = HookPoint("[b, n, s, d] values, per head (this step's tokens only, not the cached ones)")
-        self.scores = HookPoint("[b, n, s, p + s] q·k / sqrt(d) plus the causal and padding mask, before softmax")
-        self.probs = HookPoint("[b, n, s, p + s] attention probabilities: each query's weights over the keys")
+        self.scores = HookPoint("[b, n, s, p + s] q·k / sqrt(d) before softmax; future and padding keys hold the "
+                                "dtype's lowest number")
+        self.probs = HookPoint("[b, n, s, p + s] attention probabilities: each query's weights over the keys (all 0 "
+                               "for a padding query with no token before it)")
         self.context = HookPoint("[b, n, s, d] each head's output (probs @ v), before the heads are merged")
         self.attention_dropout = config.attn_pdrop
         self.c_proj = Conv1D(h, h)
@@ -158,8 +160,8 @@ class GPT2Model(PretrainedModel):
         `use_cache=True` starts one). The cache in use is returned as `past_key_values`.
 
         A query that may see no key (its row of attention_mask all 0 up to it, e.g. left padding) is legal: its
-        attention spreads evenly over all keys, as transformers' eager attention does (its SDPA path gives other
-        numbers there). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
+        attention weights and context are 0, as transformers' default SDPA attention computes (its eager path
+        spreads them evenly). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
         naming them; a bad call leaves the cache as it was."""
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
@@ -183,12 +185,12 @@ class GPT2Model(PretrainedModel):
         check_mask("attention_mask", attention_mask, (batch, past + seq))
 
         x = self.embeddings(input_ids, position_ids)
-        if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # nothing is padded
+        if attention_mask is not None and nothing_padded(attention_mask):
+            attention_mask = None
         # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
         # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
-        causal = attention_mask is None and past == 0 and seq > 1
-        mask = None if causal else causal_mask(attention_mask, seq, past, x.dtype, x.device)
+        causal = attention_mask is None and past == 0
+        mask = None if causal else causal_mask(attention_mask, seq, past, x.device)
         hidden_states, attentions = [x], []
         for layer in self.layers:
             x, probs = layer(x, mask, causal, cache, need_probs=output_attentions)

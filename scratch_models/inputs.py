@@ -2,10 +2,14 @@
 
 Without these, an id past the vocabulary is a bare IndexError on CPU and an asynchronous device assert on
 CUDA, a mask of the wrong shape may silently broadcast, and an additive mask (0 / -10000) is silently read as
-its opposite. Each range check is one reduction and one host sync, taken before the embedding lookup.
+its opposite. Each range check is one reduction and one host sync, taken before the embedding lookup. A traced,
+exported or compiled graph keeps the checks on types and shapes but not those on values, which would need a
+Python branch on the input (see tracing.py).
 """
 
 import torch
+
+from .tracing import is_tracing
 
 _INTEGER = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -24,6 +28,8 @@ def check_ids(name: str, ids, limit: int, limit_name: str, shapes: tuple[tuple[i
             raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}): give at least one token")
     elif tuple(ids.shape) not in shapes:
         raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected {' or '.join(map(str, shapes))}")
+    if is_tracing(ids):
+        return
     bad = (ids < 0) | (ids >= limit)
     if ignore is not None:
         bad &= ids != ignore
@@ -41,7 +47,7 @@ def check_mask(name: str, mask, shape: tuple[int, ...]):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shape}")
     if not (mask.dtype == torch.bool or mask.dtype in _INTEGER or mask.is_floating_point()):
         raise ValueError(f"{name} must be bool, integer or floating point, got dtype {mask.dtype}")
-    if mask.dtype != torch.bool:
+    if mask.dtype != torch.bool and not is_tracing(mask):
         bad = (mask != 0) & (mask != 1)
         if bool(bad.any()):
             _raise_at(name, mask, bad, "is not 1 (attend) or 0 (padding); an additive mask (0 / -inf) "

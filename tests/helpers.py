@@ -14,11 +14,21 @@ LOGITS_ATOL = 1e-4
 
 def assert_parity(ours: torch.Tensor, ref: torch.Tensor, what: str, atol: float = ATOL, rtol: float = RTOL):
     assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
+    if ours.numel() == 0:  # a selection with nothing in it (e.g. no padding query in this batch)
+        return 0.0
     diff = (ours.double() - ref.double()).abs()
     limit = atol + rtol * ref.double().abs()
     worst = float(diff.max())
     assert bool((diff <= limit).all()), f"{what}: max |diff| {worst:.3e} exceeds {atol:.0e} + {rtol:.0e}*|ref|"
     return worst
+
+
+def sighted(family: str, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[b, s] True where the query sees a key. Elsewhere (left padding in GPT-2, an all-zero row in BERT) our
+    attention and transformers' SDPA give 0 and transformers' eager an even spread: compare with eager here only."""
+    from scratch_models_cli.families import FAMILIES
+
+    return FAMILIES[family].sighted(attention_mask)
 
 
 def randomize_(model: torch.nn.Module, std: float, seed: int = 0) -> torch.nn.Module:

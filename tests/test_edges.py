@@ -1,5 +1,8 @@
-"""Numbers at the edges, where a wrong answer would be silent: hooks that return another tensor, and loading
-beside other threads."""
+"""Numbers at the edges, where a wrong answer would be silent: queries that see no key in half precision, graphs
+captured by torch.jit.trace and torch.export, hooks that return another tensor, and loading beside other threads.
+
+Gradients through padded batches are in test_training.py; verify in half precision in test_verify.py.
+"""
 
 import threading
 
@@ -40,6 +43,155 @@ def padded(seq: int = 9) -> dict:
     mask = torch.ones(4, seq, dtype=torch.long)
     mask[1, :4], mask[2, seq - 3:], mask[3] = 0, 0, 0
     return dict(input_ids=ids, attention_mask=mask)
+
+
+# ------------------------------------------------------------------------------------------- half precision
+
+
+def push_scores_down_(model, family: str):
+    """Every query at +4, every key at -4 in each dimension: every score is -4 * 4 * sqrt(16) = -64, below -16,
+    where adding float16's most negative number (-65504) overflows to -inf."""
+    with torch.no_grad():
+        for layer in model.layers:
+            attn = layer.attn
+            if family == "bert":
+                for linear, value in ((attn.query, 4.0), (attn.key, -4.0)):
+                    linear.weight.zero_()
+                    linear.bias.fill_(value)
+            else:
+                h = attn.c_attn.weight.shape[0]
+                attn.c_attn.weight[:, :2 * h].zero_()
+                attn.c_attn.bias[:h].fill_(4.0)
+                attn.c_attn.bias[h:2 * h].fill_(-4.0)
+
+
+def run_pushed(directory, family: str, dtype, explicit: bool):
+    """Forward (hidden states, logits, attentions) and the gradient of every parameter, scores pushed down."""
+    model = OURS[family].from_pretrained(directory, dtype=dtype)  # eval mode: no dropout
+    push_scores_down_(model, family)
+    out = model(**padded(), output_hidden_states=True, output_attentions=explicit)
+    out.logits.float().pow(2).mean().backward()
+    return out, {name: p.grad for name, p in model.named_parameters()}
+
+
+# Half against float32, normwise: max |half - fp32| <= HALF_EPS x eps(dtype) x max |fp32|, per tensor (per
+# gradient: against the largest gradient of any parameter, as many are near zero). Worst seen: 1.9 eps forward,
+# 3.0 eps for gradients (BERT, float16, fused).
+HALF_EPS = 8
+
+
+@FAMILIES
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(saved, family, dtype):
+    """Scores far below zero and queries that see no key (left padding, a row of padding): no NaN or inf in any
+    output or gradient, on either path, and both paths follow the float32 run, forwards and backwards.
+    transformers' eager attention gives NaN here in float16."""
+    directory, _ = saved[family]
+    exact, exact_grads = run_pushed(directory, family, torch.float32, explicit=True)
+    top_grad = max(float(g.abs().max()) for g in exact_grads.values())
+    eps = torch.finfo(dtype).eps
+    for explicit in (False, True):
+        path = "explicit" if explicit else "fused"
+        out, grads = run_pushed(directory, family, dtype, explicit)
+        tensors = {**{f"hidden_states[{i}]": t for i, t in enumerate(out.hidden_states)}, "logits": out.logits,
+                   **{f"attentions[{i}]": t for i, t in enumerate(out.attentions or ())}}
+        for name, tensor in tensors.items():
+            assert bool(tensor.isfinite().all()), f"{path} {name}: not finite"
+        for name, grad in grads.items():
+            assert bool(grad.isfinite().all()), f"{path} gradient of {name}: not finite"
+        for name, (half, ref) in {"logits": (out.logits, exact.logits), **{
+                f"hidden_states[{i}]": pair for i, pair in enumerate(zip(out.hidden_states, exact.hidden_states))}
+                                  }.items():
+            scale = float(ref.abs().max())
+            assert_parity(half.float(), ref, f"{path} {name}", atol=HALF_EPS * eps * scale, rtol=0)
+        for name, grad in grads.items():
+            diff = float((grad.float() - exact_grads[name]).abs().max())
+            assert diff <= HALF_EPS * eps * top_grad, f"{path} gradient of {name}: |diff| {diff:.3e}"
+
+
+@FAMILIES
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_half_precision_follows_float32_where_queries_see_keys(saved, family, dtype):
+    """The same model, weights as drawn, in float32 and in half, on the explicit path."""
+    directory, _ = saved[family]
+    inputs = padded()
+    with torch.no_grad():
+        exact = OURS[family].from_pretrained(directory)(**inputs, output_attentions=True).logits
+        half = OURS[family].from_pretrained(directory, dtype=dtype)(**inputs, output_attentions=True).logits
+    scale = float(exact.abs().max())
+    assert_parity(half.float(), exact, f"{dtype} logits", atol=HALF_EPS * torch.finfo(dtype).eps * scale, rtol=0)
+
+
+# ------------------------------------------------------------------------------------ tracing and exporting
+
+
+class Traced(torch.nn.Module):
+    """What a user traces: ids and mask in, one tensor out."""
+
+    def __init__(self, model, field: str):
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, input_ids, attention_mask):
+        return getattr(self.model(input_ids, attention_mask=attention_mask), self.field)
+
+
+def traceable(saved, family: str) -> Traced:
+    return Traced(OURS[family].from_pretrained(saved[family][0]), "logits").eval()
+
+
+def inputs_of(kind: str, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(1, 53, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if kind == "padded":
+        mask[-1, :seq // 2] = 0  # left padding in the last row
+        mask[0, seq - 2:] = 0  # right padding in the first
+    return ids, mask
+
+
+# The trace warns where the input checks compare shapes with Python (frozen checks, not math), and that
+# torch.jit.trace is deprecated.
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+@FAMILIES
+@pytest.mark.parametrize("example", ["unpadded", "padded"])
+def test_jit_trace_equals_eager_on_padded_and_unpadded_inputs(saved, family, example):
+    """A trace records the path its example takes; no Python branch on the mask's values may be among them."""
+    model = traceable(saved, family)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, inputs_of(example, 2, 7, 0), check_trace=False)
+        for kind in ("unpadded", "padded"):
+            for shape in ((2, 7), (3, 11)):
+                ids, mask = inputs_of(kind, *shape, seed=1)
+                assert_parity(traced(ids, mask), model(ids, mask), f"traced on {example}, run on {kind} {shape}",
+                              atol=LOGITS_ATOL)
+
+
+@FAMILIES
+@pytest.mark.parametrize("example", ["unpadded", "padded"])
+def test_torch_export_with_dynamic_batch_and_sequence_equals_eager(saved, family, example):
+    from torch.export import Dim, export
+
+    model = traceable(saved, family)
+    batch, seq = Dim("batch"), Dim("seq", max=24)
+    exported = export(model, inputs_of(example, 2, 7, 0), dynamic_shapes=((batch, seq), (batch, seq))).module()
+    with torch.no_grad():
+        for kind in ("unpadded", "padded"):
+            for shape in ((2, 7), (3, 11), (1, 5)):
+                ids, mask = inputs_of(kind, *shape, seed=2)
+                assert_parity(exported(ids, mask), model(ids, mask), f"exported on {example}, run on {kind} {shape}",
+                              atol=LOGITS_ATOL)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_traced_model_does_not_check_values_but_eager_does(saved):
+    """Checks on values need a Python branch on the input: a graph cannot hold them, eager still raises."""
+    model = traceable(saved, "bert")
+    ids, mask = inputs_of("padded", 2, 7, 0)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (ids, mask), check_trace=False)
+        traced(ids, mask)
+    with pytest.raises(ValueError, match=r"input_ids\[0, 0\] = 53 is out of range"):
+        model(ids.index_fill(1, torch.tensor([0]), 53), mask)
 
 
 # -------------------------------------------------------------------------------------------------------- hooks

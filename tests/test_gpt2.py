@@ -2,6 +2,7 @@
 model (small odd configs with large weights for breadth, the full gpt2 config for truth), generation token for
 token, the KV cache, sampling, the hub's gpt2 when it is cached, and CUDA when there is one."""
 
+import contextlib
 import dataclasses
 import json
 
@@ -10,7 +11,7 @@ import torch
 import transformers
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from helpers import ATOL, LOGITS_ATOL, assert_parity, hub_model_available, randomize_, write_weights
+from helpers import ATOL, LOGITS_ATOL, assert_parity, hub_model_available, randomize_, sighted, write_weights
 from scratch_models.config import ConfigError, GPT2Config
 from scratch_models.generation import KVCache, warp
 from scratch_models.gpt2 import GPT2LMHeadModel, GPT2Model
@@ -80,37 +81,47 @@ def padded_inputs(vocab: int, seed: int = 1, seq: int = 11) -> dict:
 
 
 def check_against(reference: transformers.GPT2LMHeadModel, directory, inputs: dict) -> dict:
-    """Load `directory` into our GPT2Model and GPT2LMHeadModel; compare every output with `reference`."""
+    """Load `directory` into our GPT2Model and GPT2LMHeadModel; compare every output with `reference`: our explicit
+    path with its eager attention where a query sees a key (at a padding query that sees none, eager spreads
+    evenly while we and SDPA give 0), and both our paths with its SDPA attention everywhere."""
     n_layer = reference.config.n_layer
     with torch.no_grad():
         ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
         model = GPT2LMHeadModel.from_pretrained(directory)
         out = model(**inputs, output_hidden_states=True, output_attentions=True)
         # no probabilities asked: the fused SDPA path, against transformers' SDPA path
-        fused = model(**inputs)
+        fused = model(**inputs, output_hidden_states=True)
         base = GPT2Model.from_pretrained(directory)(**inputs, output_hidden_states=True)
         reference.set_attn_implementation("sdpa")
         try:
             ref_fused = reference(**inputs, output_hidden_states=True)
         finally:
             reference.set_attn_implementation("eager")
-    # A padding query left of every token may see no key at all: eager attention (and ours) spreads it evenly,
-    # transformers' SDPA zeroes it. Either way it is masked for every real token, so compare real tokens only.
-    real = inputs["attention_mask"].bool()
+    seen = sighted("gpt2", inputs["attention_mask"])
     worst = {}
     assert len(out.hidden_states) == len(ref.hidden_states) == len(base.hidden_states) == n_layer + 1
     assert len(out.attentions) == len(ref.attentions) == n_layer
-    worst["hidden_states"] = max(assert_parity(a, b, f"hidden_states[{i}]")
+    worst["hidden_states"] = max(assert_parity(a[seen], b[seen], f"hidden_states[{i}]")
                                  for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)))
-    worst["attentions"] = max(assert_parity(a, b, f"attentions[{i}]")
+    worst["attentions"] = max(assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
                               for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)))
-    worst["logits"] = assert_parity(out.logits, ref.logits, "logits", atol=LOGITS_ATOL)
+    assert all(not a.transpose(1, 2)[~seen].any() for a in out.attentions), "a blind query attends to something"
+    worst["logits"] = assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)
     # the last hidden state is after ln_f, in both
     assert torch.equal(base.last_hidden_state, base.hidden_states[-1])
-    worst["sdpa hidden_states"] = max(assert_parity(a[real], b[real], f"GPT2Model hidden_states[{i}] (SDPA path)")
-                                      for i, (a, b) in enumerate(zip(base.hidden_states, ref_fused.hidden_states)))
-    worst["sdpa logits"] = assert_parity(fused.logits[real], ref_fused.logits[real], "logits (SDPA path)",
-                                         atol=LOGITS_ATOL)
+    # where eager is not comparable, the explicit path against SDPA; the fused paths against SDPA everywhere
+    worst["sdpa hidden_states, explicit"] = max(
+        assert_parity(a[~seen], b[~seen], f"hidden_states[{i}] at blind queries, our explicit path against SDPA")
+        for i, (a, b) in enumerate(zip(out.hidden_states, ref_fused.hidden_states)))
+    worst["sdpa logits, explicit"] = assert_parity(out.logits[~seen], ref_fused.logits[~seen],
+                                                   "logits at blind queries, our explicit path against SDPA",
+                                                   atol=LOGITS_ATOL)
+    for path, ours in (("fused", fused), ("GPT2Model fused", base)):
+        worst[f"sdpa hidden_states, {path}"] = max(
+            assert_parity(a, b, f"hidden_states[{i}], our {path} path against SDPA")
+            for i, (a, b) in enumerate(zip(ours.hidden_states, ref_fused.hidden_states)))
+    worst["sdpa logits, fused"] = assert_parity(fused.logits, ref_fused.logits, "logits, our fused path against SDPA",
+                                                atol=LOGITS_ATOL)
     worst["table rows"] = table_parity(reference, model, inputs)
     return worst
 
@@ -118,7 +129,8 @@ def check_against(reference: transformers.GPT2LMHeadModel, directory, inputs: di
 def table_parity(reference, model, inputs: dict) -> float:
     """Every pair of modules the mapping table marks `compare`, hooked on both sides by the parity report."""
     rows = GPT2.compared(reference.config.n_layer, with_heads=True)
-    compared = compare_modules(GPT2, model, reference, rows, inputs, prefixed=True)
+    compared = compare_modules(GPT2, model, reference, rows, inputs, prefixed=True,
+                               sighted=sighted("gpt2", inputs["attention_mask"]))
     assert [c.name for c in compared] == [row.ours for row in rows]
     failed = [f"{c.name}: max |diff| {c.max_abs:.3e}" for c in compared if not c.passed]
     assert not failed, f"table rows beyond {ATOL:.0e} + {ATOL:.0e}*|ref| (logits {LOGITS_ATOL:.0e}): {failed}"
@@ -163,26 +175,42 @@ def test_transformers_layout_with_only_lm_head(tmp_path, small):
     check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
 
 
+@contextlib.contextmanager
+def sdpa(reference):
+    """`reference` with transformers' default SDPA attention for the block: like ours, a query that sees no key
+    (left padding) gets 0 there, so outputs compare at every position."""
+    reference.set_attn_implementation("sdpa")
+    try:
+        yield reference
+    finally:
+        reference.set_attn_implementation("eager")
+
+
 def test_default_positions_match_transformers_forward(small):
     """No position_ids: 0..s-1 whatever the padding, as transformers' forward (not generate) counts them."""
     reference, directory = small
     inputs = padded_inputs(SMALL["vocab_size"])
     del inputs["position_ids"]
-    with torch.no_grad():
+    with torch.no_grad(), sdpa(reference):
         ref = reference(**inputs)
         out = GPT2LMHeadModel.from_pretrained(directory)(**inputs)
     assert_parity(out.logits, ref.logits, "logits, default positions", atol=LOGITS_ATOL)
 
 
 def test_loss_matches_transformers(small):
+    """The usual labels (pads -100): the first real token of a left-padded row is scored from a padding query that
+    sees no key, which both of our paths and transformers' default SDPA attention give 0."""
     reference, directory = small
     inputs = padded_inputs(SMALL["vocab_size"])
     labels = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
-    with torch.no_grad():
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    with torch.no_grad(), sdpa(reference):
         ref = reference(**inputs, labels=labels)
-        out = GPT2LMHeadModel.from_pretrained(directory)(**inputs, labels=labels)
+        out = model(**inputs, labels=labels)
+        explicit = model(**inputs, labels=labels, output_attentions=True)
     assert 1.0 < float(ref.loss) < 100.0
     assert_parity(out.loss, ref.loss, "loss", atol=1e-5)
+    assert_parity(explicit.loss, ref.loss, "loss, explicit attention", atol=1e-5)
 
 
 def test_hook_points_in_forward_order_and_edits_match_transformers(small):
@@ -200,7 +228,7 @@ def test_hook_points_in_forward_order_and_edits_match_transformers(small):
     # knock out block 1's attention on both sides: the edit must mean the same thing
     handle = reference.transformer.h[1].attn.register_forward_hook(lambda m, a, out: (torch.zeros_like(out[0]), out[1]))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), sdpa(reference):
             ref = reference(**inputs)
             out = model.run_with_hooks(**inputs, hooks=[("layers.1.attn.proj", lambda t, name: torch.zeros_like(t))])
             clean = model(**inputs)
@@ -304,7 +332,7 @@ def test_unpadded_forward_uses_the_kernels_causal_mode_and_matches_both_paths(sm
     calls = []
     real = attention_module.F.scaled_dot_product_attention
     monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
-                        lambda *a, **k: calls.append((k["attn_mask"], k["is_causal"])) or real(*a, **k))
+                        lambda *a, **k: calls.append((k.get("attn_mask"), k["is_causal"])) or real(*a, **k))
     with torch.no_grad():
         fused = model(ids, attention_mask=torch.ones_like(ids)).logits
         explicit = model(ids, output_attentions=True)

@@ -17,8 +17,8 @@ from scratch_models.attention_plots import GRID_CELL, GRID_LEFT, GRID_TOP, atten
 from scratch_models.inspection import AttentionCapture, attention_names, format_summary, summarize
 from scratch_models_cli.cli import main
 from scratch_models_cli.docs import OUTPUT_FIELDS, hook_names_markdown
-from scratch_models_cli.verify import embedded_checkpoint
-from helpers import LOGITS_ATOL, assert_parity, randomize_
+from scratch_models_cli.verify import at_sighted, embedded_checkpoint
+from helpers import LOGITS_ATOL, assert_parity, randomize_, sighted
 
 MINILM = embedded_checkpoint()
 REPO = Path(__file__).resolve().parents[1]
@@ -33,8 +33,10 @@ def minilm():
     return tokenizer, BertModel.from_pretrained(MINILM), dict(batch)
 
 
-def check_output_fields(family: str, cache: dict, reference_out, num_layers: int, atol: float = 1e-5):
-    """Every equality docs/hook_names.md claims (OUTPUT_FIELDS) holds against transformers' outputs."""
+def check_output_fields(family: str, cache: dict, reference_out, num_layers: int, atol: float = 1e-5,
+                        docs: dict | None = None, seen: torch.Tensor | None = None):
+    """Every equality docs/hook_names.md claims (OUTPUT_FIELDS) holds against transformers' outputs, at the queries
+    marked in `seen` [b, s] (None: everywhere), located through the hook points' `docs`."""
     fields = {k: v for k, v in reference_out.items() if v is not None}
     checked = 0
     for pattern, expression in OUTPUT_FIELDS[family].items():
@@ -45,7 +47,11 @@ def check_output_fields(family: str, cache: dict, reference_out, num_layers: int
             if name not in cache or expression.split("[")[0] not in fields:
                 continue
             ref = eval(expression, {}, {**fields, "i": i})  # the page's own words, e.g. hidden_states[i + 1]
-            assert_parity(cache[name], ref, f"{name} = {expression}", atol=max(atol, 1e-5))
+            if seen is not None:
+                cache_at, ref = at_sighted(cache[name], docs[name], seen), at_sighted(ref, docs[name], seen)
+            else:
+                cache_at = cache[name]
+            assert_parity(cache_at, ref, f"{name} = {expression}", atol=max(atol, 1e-5))
             checked += 1
     return checked
 
@@ -87,8 +93,12 @@ def test_gpt2_cache_equals_transformers_at_every_documented_point(tiny_gpt2):
     with torch.no_grad():
         out, cache = model.run_with_cache(**batch)
         ref = reference(**batch, output_hidden_states=True, output_attentions=True)
-    # embeddings.out, 2 x probs, the first block's output, ln_f, logits
-    assert check_output_fields("gpt2", cache, ref, num_layers=2, atol=LOGITS_ATOL) == 1 + 2 + 1 + 1 + 1
+    # embeddings.out, 2 x probs, the first block's output, ln_f, logits; left padding: eager attention compares at
+    # the queries that see a key
+    seen = sighted("gpt2", batch["attention_mask"])
+    assert not seen.all()
+    assert check_output_fields("gpt2", cache, ref, num_layers=2, atol=LOGITS_ATOL, docs=model.hook_docs(),
+                               seen=seen) == 1 + 2 + 1 + 1 + 1
     # the exception the page states: the last block's output is not hidden_states[-1], ln_f is
     assert not torch.allclose(cache["layers.1.out"], ref.hidden_states[-1])
     assert torch.equal(out.logits, cache["logits"])

@@ -105,6 +105,51 @@ def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention)
     print(f"{family} {attention}: worst {worst}")
 
 
+def usual_batch(family: str, seed: int = 2) -> dict:
+    """Labels as a data collator makes them: every real token (MLM: every third), padding -100. Rows: full,
+    left-padded, right-padded, and all padding (BERT) or one pad on the left (GPT-2). So GPT-2 scores the first
+    real token of a left-padded row from a padding query that sees no key, and BERT holds a row where no query
+    sees any key."""
+    inputs = batch(family, seed)
+    mask = torch.ones(4, 12, dtype=torch.long)
+    mask[1, :4], mask[2, 9:] = 0, 0
+    if family == "bert":
+        mask[3] = 0
+    else:
+        mask[3, :1] = 0
+    labels = inputs["input_ids"].masked_fill(mask == 0, -100)
+    if family == "bert":
+        labels[:, torch.arange(12) % 3 != 0] = -100
+    return inputs | dict(attention_mask=mask, labels=labels)
+
+
+@FAMILIES
+def test_padded_batch_loss_and_gradients_agree_on_both_paths_and_with_transformers_sdpa(tmp_path, family):
+    """Queries that see no key get 0 on both of our paths, as in transformers' default SDPA attention, and the
+    fused kernel is never handed such a row (its backward gets them wrong): loss and every gradient of the fused
+    path, the explicit path and transformers' SDPA path agree. (transformers' eager path spreads such a query
+    evenly, so its loss differs on this batch.)"""
+    theirs = reference(family, "sdpa", std=0.3, **NO_DROPOUT[family]).train()
+    directory = save(theirs, tmp_path)
+    inputs = usual_batch(family)
+    ref_loss = theirs(**inputs).loss
+    ref_loss.backward()
+    for explicit in (False, True):
+        path = "explicit" if explicit else "fused"
+        ours = OURS[family].from_pretrained(directory).train()
+        loss = ours(**inputs, output_attentions=explicit).loss
+        assert_parity(loss.detach(), ref_loss.detach(), f"loss, {path} path", atol=ATOL, rtol=RTOL)
+        loss.backward()
+        pairs = paired_parameters(family, ours, theirs)
+        top = max(float(their.grad.abs().max()) for _, their in pairs.values())
+        for name, (our_parameter, their_parameter) in pairs.items():
+            # BERT's key bias adds one number to every score of a query, which softmax cannot see: its exact
+            # gradient is 0 and both sides hold rounding noise, so it is held to the largest gradient instead
+            scale = top if name.endswith("key.bias") else float(their_parameter.grad.abs().max())
+            diff = float((our_parameter.grad - their_parameter.grad).abs().max())
+            assert diff <= GRAD_TOL * scale, f"{path} {name}: gradient |diff| {diff:.3e} > {GRAD_TOL:.0e} * {scale:.3e}"
+
+
 @FAMILIES
 def test_training_with_dropout_lowers_the_loss(tmp_path, family):
     """Dropout on (the config's 0.1 everywhere): two passes differ, and 40 Adam steps memorise a tiny batch."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from scratch_models import BertModel
+from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
 from scratch_models_cli.cli import main
 from scratch_models_cli.fill_mask import fill_mask
 from scratch_models_cli.verify import embedded_checkpoint, verify
@@ -160,3 +160,42 @@ def test_cli_generate_streams_transformers_greedy_text(tiny_gpt2, capsys):
     expected = reference.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert printed == tokenizer.decode(expected[0], skip_special_tokens=True).strip()
     assert printed.startswith(prompt) and len(printed) > len(prompt)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(tmp_path, tiny_gpt2, family, dtype,
+                                                                               monkeypatch):
+    """Like is compared with like: the base rows are our explicit path against eager attention, the head's
+    logits our fused path against SDPA; the logits' tolerance comes from transformers' own distance from its
+    float32 logits, measured in the run and printed. An error of a few units in the last place of the final
+    LayerNorm's output then fails the logits row."""
+    if family == "bert":
+        mlm_checkpoint_with_tokenizer(tmp_path)
+        directory = tmp_path
+    else:
+        directory = tiny_gpt2[0]
+    report = verify(str(directory), dtype=dtype)
+    assert report.passed, report.format()
+    assert report.rows[-1].name == "logits"
+    notes = "\n".join(report.notes)
+    assert "our explicit attention against transformers' eager" in notes
+    assert "our fused attention against transformers' SDPA" in notes
+    (measured,) = [note for note in report.notes if note.startswith("logits: atol")]
+    assert f"transformers' {dtype} distance from its float32 logits" in measured
+    head = report.rows[-1]
+    assert head.atol == pytest.approx(float(measured.split()[2]), rel=1e-2)
+
+    our_class = BertForMaskedLM if family == "bert" else GPT2LMHeadModel  # the head pass's class only
+    original = our_class.from_pretrained.__func__
+
+    def off_by_a_little(cls, *args, **kwargs):
+        model = original(cls, *args, **kwargs)
+        norm = model.mlm_head.norm if family == "bert" else model.norm_f
+        with torch.no_grad():
+            norm.bias += 4 * head.atol / max(float(norm.weight.abs().max()), 1.0)
+        return model
+
+    monkeypatch.setattr(our_class, "from_pretrained", classmethod(off_by_a_little))
+    wrong = verify(str(directory), dtype=dtype)
+    assert [row.name for row in wrong.rows if not row.passed] == ["logits"], wrong.format()

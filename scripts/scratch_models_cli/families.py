@@ -20,6 +20,13 @@ class Family:
     default_texts: tuple[str, ...]
     default_pairs: tuple[str, ...]
     input_names: tuple[str, ...]  # forward arguments both models take
+    causal: bool  # a query sees the keys up to itself only
+
+    def sighted(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[b, s] True where the query may see at least one key (GPT-2: a real token at or before it; BERT: any
+        real token in its sequence)."""
+        real = attention_mask.bool()
+        return real.cumsum(-1) > 0 if self.causal else real.any(-1, keepdim=True).expand_as(real)
 
     def missing_head_tensors(self, checkpoint, config) -> list[str]:
         """Checkpoint names of the head's own tensors (not tied ones) that the checkpoint lacks."""
@@ -110,12 +117,14 @@ FAMILIES = {
         default_texts=("The cat sat on the warm mat.", "Time flies like an arrow."),
         default_pairs=("It purred.", "Fruit flies like a banana, and a banana is ripe in June."),
         input_names=("input_ids", "attention_mask", "token_type_ids"),
+        causal=False,
     ),
     "gpt2": Family(
         table=GPT2, base=GPT2Model, head=GPT2LMHeadModel, hf_base="GPT2Model", hf_head="GPT2LMHeadModel",
         default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
         default_pairs=(),
         input_names=("input_ids", "attention_mask"),
+        causal=True,
     ),
 }
 

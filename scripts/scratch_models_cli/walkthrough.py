@@ -357,39 +357,40 @@ Each head learns its own pattern. Every layer (rows) and head (columns) of MiniL
 def _masks_section(runs: Runs, images: Path | None) -> str:
     batch, cache = runs.batch, runs.batch_cache
     f32 = torch.finfo(torch.float32).min
-    mask = attention.padding_mask(batch["attention_mask"], torch.float32)  # [batch, 1, 1, key]
+    mask = attention.padding_mask(batch["attention_mask"])  # keep: [batch, 1, 1, key]
     short = len(runs.short_tokens)
     at = f"layers.{LAYER}.attn"
     probs_short = cache[f"{at}.probs"][1, HEAD, short - 2]
     last = f"layers.{runs.model.config.num_hidden_layers - 1}.out"
     padded_diff = (cache[last][1, :short] - runs.short_alone[last][0]).abs().max()
-    uniform = cache[f"{at}.probs"][2, HEAD, 0]
+    blind_probs = cache[f"{at}.probs"][2, HEAD, 0]
+    blind_context = cache[f"{at}.context"][2, :, 0]
     scores_blocked = cache[f"{at}.scores"][2, HEAD, 0]
     minus_inf = torch.full_like(scores_blocked, float("-inf"))  # the same row, had the mask used -inf
     keep = torch.tensor([[0, 0, 1, 1, 1]])  # two left-padding positions, then three tokens
-    causal = attention.causal_mask(None, 5, 0, torch.float32, torch.device("cpu"))
-    causal_padded = attention.causal_mask(keep, 5, 0, torch.float32, torch.device("cpu"))
-    cached = attention.causal_mask(None, 2, 3, torch.float32, torch.device("cpu"))
+    causal = attention.causal_mask(None, 5, 0, torch.device("cpu"))
+    causal_padded = attention.causal_mask(keep, 5, 0, torch.device("cpu"))
+    cached = attention.causal_mask(None, 2, 3, torch.device("cpu"))
     if images is not None:
-        padded_tokens = [*runs.short_tokens, *["[PAD]"] * (mask.shape[-1] - short)]
+        padded_tokens = [*runs.short_tokens, *["[PAD]"] * (mask.keep.shape[-1] - short)]
         steps, left_padded = [f"t{i}" for i in range(5)], ["pad", "pad", "t0", "t1", "t2"]
         _masks_png(images / IMAGES["masks"], [
-            ("BERT padding mask:\n\"" + SHORT + "\" in a batch", mask[1, 0].expand(mask.shape[-1], -1),
+            ("BERT padding mask:\n\"" + SHORT + "\" in a batch", mask.keep[1, 0].expand(mask.keep.shape[-1], -1),
              padded_tokens, padded_tokens),
-            ("GPT-2 causal mask", causal[0, 0], steps, steps),
-            ("causal + left padding", causal_padded[0, 0], left_padded, left_padded),
-            ("2 new tokens after\n3 in the KV cache", cached[0, 0], steps[3:], steps),
+            ("GPT-2 causal mask", causal.keep[0, 0], steps, steps),
+            ("causal + left padding", causal_padded.keep[0, 0], left_padded, left_padded),
+            ("2 new tokens after\n3 in the KV cache", cached.keep[0, 0], steps[3:], steps),
         ])
 
     def matrix(mask):  # rows are queries, columns keys
-        return "\n".join(" ".join(f"{'0' if v == 0 else 'min':>4}" for v in line) for line in mask[0, 0])
+        return "\n".join(" ".join(f"{'see' if v else '-':>4}" for v in line) for line in mask.keep[0, 0])
 
     gpt2_ignored = _table(["checkpoint key (skipped)", "why"],
                           [[f"`{key}`", why] for key, why in GPT2.ignored.items()])
     return f"""## 3. Padding and causal masks
 
-A mask says which keys a query may see. It is added to the scores before softmax: 0 where the key is allowed,
-$`-\\infty`$ where it is not, because $`e^{{-\\infty}} = 0`$ removes the key from the softmax exactly:
+A mask says which keys a query may see. Before softmax, the score of every key the query may not see is set to
+$`-\\infty`$, because $`e^{{-\\infty}} = 0`$ removes the key from the softmax exactly:
 
 ```math
 \\mathrm{{softmax}}\\!\\left(\\frac{{QK^\\top}}{{\\sqrt{{d_k}}}} + M\\right),
@@ -401,23 +402,29 @@ BERT needs one kind: **padding**. Sentences of different lengths share a batch b
 `[PAD]`, and no token may attend to a pad. GPT-2 also needs a **causal** mask: token $`i`$ predicts token
 $`i + 1`$, so it may see positions $`0 \\dots i`$ only, never the future.
 
-In code the blocked value is not $`-\\infty`$ but the most negative finite number of the dtype,
-`torch.finfo(dtype).min` ({_num(f32)} in float32). For a normal row nothing changes: its $`e^x`$ still
-underflows to exactly 0. The difference is a row where *every* key is blocked (a padding query in GPT-2 with
-left padding, or an all-zero `attention_mask`). With $`-\\infty`$ softmax computes $`-\\infty - (-\\infty)`$,
-which is NaN, and the NaN spreads through every later layer. With `finfo.min` every score in that row becomes
-the same number, so softmax gives a uniform, finite row that means nothing and harms nothing.
+In code a mask is boolean, `True` where the query may see the key, built once per forward pass and shared by
+every layer. The explicit path writes the most negative finite number of the dtype, `torch.finfo(dtype).min`
+({_num(f32)} in float32), into the blocked scores rather than adding it: adding it to a negative score would
+overflow to $`-\\infty`$ in float16. For a normal row nothing changes: its $`e^x`$ still underflows to exactly 0.
 
-**Code.** A boolean "keep" mask becomes an additive one in a single place:
+One row needs a decision: a query that may see **no** key at all (a padding query in GPT-2 with left padding,
+or a sequence whose `attention_mask` is all zeros). With $`-\\infty`$ softmax would compute
+$`-\\infty - (-\\infty)`$, which is NaN, and the NaN would spread through every later layer. Here such a query
+attends to nothing: its weights are all 0 and its context is 0, as torch's fused kernel and transformers' default
+(SDPA) attention compute it. (transformers' eager attention spreads it evenly over every key instead, future
+ones included.) The fused kernel is never handed such a row, because its backward pass gets the gradients wrong
+there: it sees every key, and its output for the row is zeroed afterwards.
 
-{excerpt(attention._additive).markdown()}
+**Code.** The mask, with the queries that see nothing marked once:
+
+{excerpt(attention.Mask).markdown()}
 
 BERT's padding mask has one row per sequence, broadcast over heads and queries:
 
 {excerpt(attention.padding_mask).markdown()}
 
 GPT-2's mask joins causality (a lower triangle, shifted right by the tokens already in the KV cache) with
-padding, still as booleans, before turning them into numbers:
+padding:
 
 {excerpt(attention.causal_mask).markdown()}
 
@@ -428,27 +435,27 @@ because the code rebuilds it:
 {gpt2_ignored}
 
 **Real numbers.** A batch of the sentence pair and *"{SHORT}"* ({short} tokens, padded to
-{batch["input_ids"].shape[1]}). The float32 mask of the short row, `padding_mask(attention_mask, torch.float32)`,
-is {_vec(mask[1, 0, 0])}: shape {_shape(mask.shape)}, one row per sequence, broadcast over heads and queries.
-In layer {LAYER}, head {HEAD}, the query `{runs.short_tokens[short - 2]}` of the short row gives the pads
-exactly zero weight: {_vec(probs_short)}. So padding changes nothing: the short row's last layer output, token
-by token, differs from a run of *"{SHORT}"* alone by at most {_num(padded_diff)} (to four decimals).
+{batch["input_ids"].shape[1]}). The mask of the short row, `padding_mask(attention_mask).keep`, is
+`{mask.keep[1, 0, 0].int().tolist()}` (1 = see): shape {_shape(mask.keep.shape)}, one row per sequence, broadcast over
+heads and queries. In layer {LAYER}, head {HEAD}, the query `{runs.short_tokens[short - 2]}` of the short row
+gives the pads exactly zero weight: {_vec(probs_short)}. So padding changes nothing: the short row's last layer
+output, token by token, differs from a run of *"{SHORT}"* alone by at most {_num(padded_diff)} (to four decimals).
 
 The batch also holds the short sentence once more with an `attention_mask` of all zeros. Its first query has
 nothing to attend to: its scores are all {" ".join(_num(v) for v in scores_blocked.unique())}, float64's
-`finfo.min` (this run is in float64), and its weights are
-uniform, $`1/{uniform.numel()}`$ each: {_vec(uniform)}. Had the mask been $`-\\infty`$, the same softmax would
-return NaN for {int(F.softmax(minus_inf, -1).isnan().sum())} keys out of {minus_inf.numel()}.
+`finfo.min` (this run is in float64), its weights are all {" ".join(_num(v) for v in blind_probs.unique())}, and its
+context in every head is {" ".join(_num(v) for v in blind_context.unique())}. Had the scores been $`-\\infty`$,
+softmax would have returned NaN for {int(F.softmax(minus_inf, -1).isnan().sum())} keys out of {minus_inf.numel()}.
 
 GPT-2's causal mask for 5 new tokens, the first two of them left padding (`causal_mask(keep, 5, 0, ...)`,
-`keep` = `{keep[0].tolist()}`; `min` is finfo.min, rows are queries):
+`keep` = `{keep[0].tolist()}`; rows are queries):
 
 ```
 {matrix(causal_padded)}
 ```
 
-The pad rows see nothing, so they get the uniform row described above. During generation, with 3 tokens
-(t0, t1, t2) already in the KV cache and 2 new ones (t3, t4), the mask is {_shape(cached.shape)},
+The pad rows see nothing, so they attend to nothing, as described above. During generation, with 3 tokens
+(t0, t1, t2) already in the KV cache and 2 new ones (t3, t4), the mask is {_shape(cached.keep.shape)},
 `causal_mask(None, 2, 3, ...)`: the triangle shifts right, and each new token sees the whole cache, the new
 tokens before it and itself:
 
@@ -464,11 +471,11 @@ With no padding and no cache, `GPT2Model` builds no mask at all and lets the fus
 
 
 def _masks_png(path: Path, panels: list[tuple[str, torch.Tensor, list[str], list[str]]]):
-    """Each panel: (title, additive mask [query, key], query labels, key labels); blocked cells are dark."""
+    """Each panel: (title, keep mask [query, key], query labels, key labels); blocked cells are dark."""
     fig = Figure(figsize=(3.6 * len(panels), 4.4), dpi=100)
     for n, (title, mask, queries, keys) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), n + 1)
-        ax.imshow((mask != 0).float().numpy(), cmap="Greys", vmin=0, vmax=1.4, interpolation="nearest")
+        ax.imshow((~mask).float().numpy(), cmap="Greys", vmin=0, vmax=1.4, interpolation="nearest")
         ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=8)
         ax.set_yticks(range(len(queries)), queries, fontsize=8)
         ax.set_xlabel("key")
