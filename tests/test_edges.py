@@ -65,11 +65,12 @@ def push_scores_down_(model, family: str):
                 attn.c_attn.bias[h:2 * h].fill_(-4.0)
 
 
-def run_pushed(directory, family: str, dtype, explicit: bool):
+def run_pushed(directory, family: str, dtype, explicit: bool, device: str = "cpu"):
     """Forward (hidden states, logits, attentions) and the gradient of every parameter, scores pushed down."""
-    model = OURS[family].from_pretrained(directory, dtype=dtype)  # eval mode: no dropout
+    model = OURS[family].from_pretrained(directory, dtype=dtype, device=device)  # eval mode: no dropout
     push_scores_down_(model, family)
-    out = model(**padded(), output_hidden_states=True, output_attentions=explicit)
+    out = model(**{k: v.to(device) for k, v in padded().items()}, output_hidden_states=True,
+                output_attentions=explicit)
     out.logits.float().pow(2).mean().backward()
     return out, {name: p.grad for name, p in model.named_parameters()}
 
@@ -80,9 +81,14 @@ def run_pushed(directory, family: str, dtype, explicit: bool):
 HALF_EPS = 8
 
 
+DEVICES = pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))])
+
+
+@DEVICES
 @FAMILIES
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(saved, family, dtype):
+def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(saved, family, dtype, device):
     """Scores far below zero and queries that see no key (left padding, a row of padding): no NaN or inf in any
     output or gradient, on either path, and both paths follow the float32 run, forwards and backwards.
     transformers' eager attention gives NaN here in float16."""
@@ -92,7 +98,7 @@ def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(s
     eps = torch.finfo(dtype).eps
     for explicit in (False, True):
         path = "explicit" if explicit else "fused"
-        out, grads = run_pushed(directory, family, dtype, explicit)
+        out, grads = run_pushed(directory, family, dtype, explicit, device)
         tensors = {**{f"hidden_states[{i}]": t for i, t in enumerate(out.hidden_states)}, "logits": out.logits,
                    **{f"attentions[{i}]": t for i, t in enumerate(out.attentions or ())}}
         for name, tensor in tensors.items():
@@ -102,10 +108,10 @@ def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(s
         for name, (half, ref) in {"logits": (out.logits, exact.logits), **{
                 f"hidden_states[{i}]": pair for i, pair in enumerate(zip(out.hidden_states, exact.hidden_states))}
                                   }.items():
-            scale = float(ref.abs().max())
-            assert_parity(half.float(), ref, f"{path} {name}", atol=HALF_EPS * eps * scale, rtol=0)
+            scale = float(ref.detach().abs().max())
+            assert_parity(half.detach().float().cpu(), ref.detach(), f"{path} {name}", atol=HALF_EPS * eps * scale, rtol=0)
         for name, grad in grads.items():
-            diff = float((grad.float() - exact_grads[name]).abs().max())
+            diff = float((grad.float().cpu() - exact_grads[name]).abs().max())
             assert diff <= HALF_EPS * eps * top_grad, f"{path} gradient of {name}: |diff| {diff:.3e}"
 
 

@@ -507,11 +507,12 @@ def test_hub_gpt2():
         out = model(ids, attention_mask=mask, position_ids=positions, output_hidden_states=True,
                     output_attentions=True)
         theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    seen = sighted("gpt2", mask)  # left padding: eager attention compares where a query sees a key
     for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-        assert_parity(a, b, f"hidden_states[{i}]")
+        assert_parity(a[seen], b[seen], f"hidden_states[{i}]")
     for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
-        assert_parity(a, b, f"attentions[{i}]")
-    assert_parity(out.logits, ref.logits, "logits", atol=LOGITS_ATOL)
+        assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
+    assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)
     assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=10, pad_token_id=PAD), theirs)
 
 
@@ -527,11 +528,19 @@ def test_cuda_parity(small, dtype):
     with torch.no_grad():
         ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
         out = model(**inputs, output_hidden_states=True, output_attentions=True)
+        with sdpa(reference):
+            ref_fused = reference(**inputs)
+        fused = model(**inputs)
+    seen = sighted("gpt2", inputs["attention_mask"])  # eager attention compares where a query sees a key
     for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-        assert_parity(a, b, f"{dtype} hidden_states[{i}]", atol=atol, rtol=rtol)
+        assert_parity(a[seen], b[seen], f"{dtype} hidden_states[{i}]", atol=atol, rtol=rtol)
     for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
-        assert_parity(a, b, f"{dtype} attentions[{i}]", atol=atol, rtol=rtol)
-    assert_parity(out.logits, ref.logits, f"{dtype} logits", atol=max(atol, LOGITS_ATOL), rtol=rtol)
+        assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"{dtype} attentions[{i}]", atol=atol,
+                      rtol=rtol)
+    assert_parity(out.logits[seen], ref.logits[seen], f"{dtype} logits", atol=max(atol, LOGITS_ATOL), rtol=rtol)
+    assert bool(fused.logits.isfinite().all())
+    assert_parity(fused.logits, ref_fused.logits, f"{dtype} logits, fused against SDPA", atol=max(atol, LOGITS_ATOL),
+                  rtol=rtol)
     if dtype == torch.float32:
         ids, mask = (t.cuda() for t in left_padded_prompts())
         with torch.no_grad():
