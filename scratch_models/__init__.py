@@ -8,9 +8,16 @@ This package does not import transformers; only the parity report, the command l
 """
 
 from .bert import BertForMaskedLM, BertModel
+from .bert_heads import (BertForMultipleChoice, BertForNextSentencePrediction, BertForPreTraining,
+                         BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
 from .config import BertConfig, ConfigError, GPT2Config
 from .gpt2 import GPT2LMHeadModel, GPT2Model
+from .gpt2_heads import (GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
+                         GPT2ForTokenClassification)
 from weight_mapping import CheckpointError
 
-__all__ = ["BertConfig", "BertForMaskedLM", "BertModel", "CheckpointError", "ConfigError", "GPT2Config",
-           "GPT2LMHeadModel", "GPT2Model"]
+__all__ = ["BertConfig", "BertForMaskedLM", "BertForMultipleChoice", "BertForNextSentencePrediction",
+           "BertForPreTraining", "BertForQuestionAnswering", "BertForSequenceClassification",
+           "BertForTokenClassification", "BertModel", "CheckpointError", "ConfigError", "GPT2Config",
+           "GPT2DoubleHeadsModel", "GPT2ForQuestionAnswering", "GPT2ForSequenceClassification",
+           "GPT2ForTokenClassification", "GPT2LMHeadModel", "GPT2Model"]

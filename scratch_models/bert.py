@@ -20,6 +20,7 @@ from .attention import attend, padding_mask
 from .config import BertConfig
 from .hooks import HookPoint
 from .inputs import check_ids, check_mask
+from .losses import cross_entropy
 from .outputs import BaseModelOutputWithPooling, MaskedLMOutput
 from .pretrained import PretrainedModel
 
@@ -200,19 +201,26 @@ class BertModel(PretrainedModel):
         )
 
 
-class BertForMaskedLM(BertModel):
-    """BERT without the pooler, plus the masked-language-model head: logits over the vocabulary per position."""
+class BertWithHead(BertModel):
+    """BertModel plus a task head (the classes in this file and bert_heads.py). transformers' class of the same name
+    holds the encoder as `bert`, so its checkpoints put `bert.` on the encoder's keys and the head's keys beside
+    them. Whether there is a pooler is the class's choice, as in transformers, not the checkpoint's: a pooler or a
+    head the class needs and the file lacks is an error naming the tensors, never a random init."""
 
     checkpoint_prefixed = True
+
+    @classmethod
+    def kwargs_for_checkpoint(cls, keys):
+        return {}
+
+
+class BertForMaskedLM(BertWithHead):
+    """BERT without the pooler, plus the masked-language-model head: logits over the vocabulary per position."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=False)
         self.mlm_head = BertMLMHead(config)
         self.logits = HookPoint("[b, s, V] masked-LM scores over the vocabulary, per position")
-
-    @classmethod
-    def kwargs_for_checkpoint(cls, keys):
-        return {}
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> MaskedLMOutput:
@@ -220,10 +228,6 @@ class BertForMaskedLM(BertModel):
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         logits = self.logits(self.mlm_head(out.last_hidden_state, self.embeddings.word_embeddings.weight))
-        loss = None
-        if labels is not None:
-            check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
-                      ignore=-100)
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        loss = cross_entropy(logits, labels, classes="vocab_size") if labels is not None else None
         return MaskedLMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
                               attentions=out.attentions)

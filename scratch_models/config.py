@@ -23,6 +23,7 @@ class ConfigError(ValueError):
 # (92 M elements).
 MAX_LAYERS = 4096  # four times the deepest transformer trained (DeepNet, 1000 layers); building 4096 takes seconds
 MAX_MATRIX = 2**36  # elements in one weight matrix: 256 GiB in float32, more than any accelerator holds
+MAX_LABELS = 2**20  # classes of a classification head (ImageNet-21k has 21841)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,10 @@ class _Config:
                     raise ConfigError(f"{source}: required field {f.name!r} is missing")
                 continue
             values[f.name] = _checked(raw[f.name], f, source)
+        if values.get("id2label") is not None:
+            values["id2label"] = _labels(values["id2label"], raw.get("num_labels"), source)
+        elif raw.get("num_labels") is not None:  # a hand-written config may give the count alone, as transformers allows
+            values["id2label"] = _labels(None, raw["num_labels"], source)
         config = cls(**values)
         config.validate(source)
         return config
@@ -79,7 +84,20 @@ class _Config:
         pass
 
     def to_dict(self) -> dict:
-        return {"model_type": self.model_type, **dataclasses.asdict(self)}
+        out = {"model_type": self.model_type, **dataclasses.asdict(self)}
+        if self.id2label is not None:  # as transformers writes them: both directions, keys as strings
+            out["id2label"] = {str(i): label for i, label in self.id2label.items()}
+            out["label2id"] = {label: i for i, label in self.id2label.items()}
+        return out
+
+    @property
+    def num_labels(self) -> int:
+        """How many outputs a classification head has: id2label's size, else transformers' default of 2."""
+        return len(self.id2label) if self.id2label is not None else 2
+
+    def label(self, index: int) -> str:
+        """The name of class `index` (id2label), transformers' LABEL_{i} when the config names none."""
+        return self.id2label[index] if self.id2label is not None else f"LABEL_{index}"
 
 
 def _checked(value, field: dataclasses.Field, source: str):
@@ -94,11 +112,37 @@ def _checked(value, field: dataclasses.Field, source: str):
         or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
         or (kind is str and isinstance(value, str))
         or (kind is bool and isinstance(value, bool))
+        or (kind is dict and isinstance(value, dict))
     )
     if not ok:
         expected = f"{kind.__name__} or null" if optional else kind.__name__
         raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {reprlib.repr(value)}")
     return float(value) if kind is float else value
+
+
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+
+
+def _labels(id2label: dict | None, num_labels, source: str) -> dict[int, str]:
+    """config.json's id2label (keys "0".."n-1") as {0: name, ...}; or LABEL_0.. for a bare num_labels."""
+    if id2label is None:
+        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or not 0 < num_labels <= MAX_LABELS:
+            raise ConfigError(f"{source}: field 'num_labels' should be an int in 1..{MAX_LABELS}, got "
+                              f"{reprlib.repr(num_labels)}")
+        return {i: f"LABEL_{i}" for i in range(num_labels)}
+    try:
+        labels = {int(key): value for key, value in id2label.items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: field 'id2label' should map class indices (\"0\", \"1\", ...) to names, "
+                          f"got keys {reprlib.repr(list(id2label))}") from None
+    if sorted(labels) != list(range(len(labels))) or not 0 < len(labels) <= MAX_LABELS:
+        raise ConfigError(f"{source}: field 'id2label' should have the keys 0..n-1 (n at most {MAX_LABELS}), got "
+                          f"{reprlib.repr(sorted(labels))}")
+    if not all(isinstance(value, str) for value in labels.values()):
+        raise ConfigError(f"{source}: field 'id2label' should map to label names (strings)")
+    if num_labels is not None and num_labels != len(labels):
+        raise ConfigError(f"{source}: num_labels={num_labels!r} but id2label names {len(labels)} classes")
+    return dict(sorted(labels.items()))
 
 
 def _require_positive(config, source: str, *names: str) -> None:
@@ -120,6 +164,15 @@ def _require_sane_sizes(config, source: str, layers: str, *matrices: tuple[str, 
             raise ConfigError(f"{source}: fields {rows!r} x {columns!r} ({getattr(config, rows)} x "
                               f"{getattr(config, columns)}) make a weight matrix of {size} elements, more than the "
                               f"2**{MAX_MATRIX.bit_length() - 1} accepted")
+
+
+def _require_problem_type(config, source: str) -> None:
+    if config.problem_type is not None and config.problem_type not in PROBLEM_TYPES:
+        raise ConfigError(f"{source}: field 'problem_type' is {config.problem_type!r}; it should be null or one of "
+                          f"{', '.join(PROBLEM_TYPES)}")
+    if config.problem_type == "single_label_classification" and config.num_labels == 1:
+        raise ConfigError(f"{source}: problem_type single_label_classification needs at least 2 labels, id2label "
+                          "names 1 (binary classification: 2 labels, or problem_type regression)")
 
 
 def _require_probability(config, source: str, *names: str) -> None:
@@ -144,6 +197,11 @@ class BertConfig(_Config):
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
+    # task heads, as transformers' PretrainedConfig has them: the classes of a classifier (see num_labels), how its
+    # loss is chosen (None: from num_labels and the labels' dtype), and its dropout (None: hidden_dropout_prob)
+    id2label: dict | None = None
+    problem_type: str | None = None
+    classifier_dropout: float | None = None
 
     @classmethod
     def fixed_settings(cls) -> dict:
@@ -161,6 +219,9 @@ class BertConfig(_Config):
                             ("max_position_embeddings", "hidden_size"), ("type_vocab_size", "hidden_size"),
                             ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
         _require_probability(self, source, "hidden_dropout_prob", "attention_probs_dropout_prob")
+        if self.classifier_dropout is not None:
+            _require_probability(self, source, "classifier_dropout")
+        _require_problem_type(self, source)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{source}: hidden_size {self.hidden_size} is not divisible by "
@@ -198,6 +259,21 @@ class GPT2Config(_Config):
     bos_token_id: int | None = 50256
     eos_token_id: int | None = 50256
     pad_token_id: int | None = None
+    # task heads, as transformers' PretrainedConfig has them (see BertConfig)
+    id2label: dict | None = None
+    problem_type: str | None = None
+    # GPT2ForTokenClassification's dropout: classifier_dropout, else hidden_dropout, else 0.1 (transformers reads
+    # both when config.json has them)
+    classifier_dropout: float | None = None
+    hidden_dropout: float | None = None
+    # GPT2DoubleHeadsModel's multiple-choice head (transformers' GPT2SequenceSummary); the model refuses the
+    # settings it does not build (see gpt2_heads.py)
+    summary_type: str = "cls_index"
+    summary_use_proj: bool = True
+    summary_proj_to_labels: bool = True
+    summary_activation: str | None = None
+    summary_first_dropout: float = 0.1
+    summary_last_dropout: float = 0.0
 
     @classmethod
     def fixed_settings(cls) -> dict:
@@ -215,7 +291,11 @@ class GPT2Config(_Config):
             _require_positive(self, source, "n_inner")
         _require_sane_sizes(self, source, "n_layer", ("vocab_size", "n_embd"), ("n_positions", "n_embd"),
                             ("n_embd", "n_embd"), ("n_inner", "n_embd"))
-        _require_probability(self, source, "resid_pdrop", "embd_pdrop", "attn_pdrop")
+        _require_probability(self, source, "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout",
+                             "summary_last_dropout")
+        _require_probability(self, source, *(name for name in ("classifier_dropout", "hidden_dropout")
+                                             if getattr(self, name) is not None))
+        _require_problem_type(self, source)
         if self.n_embd % self.n_head:
             raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         from .activations import get_activation

@@ -8,7 +8,8 @@
 Shapes: b batch, s new tokens, p tokens already in the KV cache, h n_embd, n heads, d = h / n head size,
 m MLP width, V vocabulary. Every `HookPoint` names a tensor that `run_with_cache` can read and `run_with_hooks`
 can replace. LayerNorm modules are `norm_*` (as in BERT); the hook points on their outputs carry the checkpoint's
-names `ln_1`, `ln_2`, `ln_f`.
+names `ln_1`, `ln_2`, `ln_f`. The task heads (classification, question answering, multiple choice) are in
+gpt2_heads.py.
 """
 
 import torch

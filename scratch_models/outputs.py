@@ -52,3 +52,76 @@ class CausalLMOutputWithPast(ModelOutput):
     past_key_values: KVCache | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+
+
+# Task heads: the same field names (and losses) as transformers' outputs of the classes of the same names.
+
+
+@dataclasses.dataclass
+class SequenceClassifierOutput(ModelOutput):
+    logits: torch.Tensor  # [batch, num_labels]
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class SequenceClassifierOutputWithPast(ModelOutput):
+    logits: torch.Tensor  # [batch, num_labels]
+    loss: torch.Tensor | None = None
+    past_key_values: KVCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class TokenClassifierOutput(ModelOutput):
+    logits: torch.Tensor  # [batch, seq, num_labels]
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class QuestionAnsweringModelOutput(ModelOutput):
+    start_logits: torch.Tensor  # [batch, seq]: where the answer span starts
+    end_logits: torch.Tensor  # [batch, seq]: where it ends
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class MultipleChoiceModelOutput(ModelOutput):
+    logits: torch.Tensor  # [batch, num_choices]
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class NextSentencePredictorOutput(ModelOutput):
+    logits: torch.Tensor  # [batch, 2]: 0 = B follows A, 1 = B is random
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class BertForPreTrainingOutput(ModelOutput):
+    prediction_logits: torch.Tensor  # [batch, seq, vocab]: the masked-LM scores
+    seq_relationship_logits: torch.Tensor  # [batch, 2]: next-sentence prediction
+    loss: torch.Tensor | None = None  # masked-LM loss + next-sentence loss
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclasses.dataclass
+class GPT2DoubleHeadsModelOutput(ModelOutput):
+    logits: torch.Tensor  # [batch, num_choices, seq, vocab]: the LM scores of every choice
+    mc_logits: torch.Tensor  # [batch, num_choices]: which choice is right
+    loss: torch.Tensor | None = None  # the LM loss
+    mc_loss: torch.Tensor | None = None  # the multiple-choice loss
+    past_key_values: KVCache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None

@@ -36,9 +36,20 @@ BERT = MappingTable(
         Row("cls.predictions.transform.LayerNorm",       "mlm_head.norm",                     WEIGHT_BIAS, head=True,
             legacy=True),
         Row("cls.predictions",                           "mlm_head",                          ("bias",), head=True),
+        # `cls` returns the logits: MLM scores in BertForMaskedLM, next-sentence scores in BertForNextSentencePrediction
         Row("cls",                                       "logits",           compare=True, head=True),
-        # next-sentence head (BertForPreTraining): we do not build it, so it is reported and skipped
+        # next-sentence head (BertForPreTraining, BertForNextSentencePrediction): Linear(h, 2) on the pooler output
         Row("cls.seq_relationship",                      "nsp_head",                          WEIGHT_BIAS, head=True),
+        # BertForPreTraining's `cls` holds both heads and returns (MLM logits, next-sentence logits)
+        Row("cls",                                       "prediction_logits", compare=True, head=True, pick=0),
+        Row("cls",                                       "seq_relationship_logits", compare=True, head=True, pick=1),
+        # sequence classification and multiple choice (on the pooler output), token classification (on each token).
+        # Not compared here: its output is `logits`, the hook name the `cls` row above holds, and multiple choice's
+        # is [b * c, 1]; tests/test_bert_heads.py compares the outputs whole.
+        Row("classifier",                                "classifier",                        WEIGHT_BIAS, head=True),
+        # question answering: a start and an end score per token (bert_heads.py splits them)
+        Row("qa_outputs",                                "qa_outputs",                        WEIGHT_BIAS, head=True),
+        Row("qa_outputs",                                "span_logits",      compare=True, head=True),
     ),
     base_prefix="bert.",
     layers_field="num_hidden_layers",

@@ -33,8 +33,19 @@ GPT2 = MappingTable(
         # final LayerNorm: transformers' last hidden state
         Row("ln_f",                          "norm_f",                  WEIGHT_BIAS),
         Row("ln_f",                          "ln_f",             compare=True),
-        # LM head (GPT2LMHeadModel): no tensors of its own, its weight is wte's
+        # LM head (GPT2LMHeadModel, GPT2DoubleHeadsModel): no tensors of its own, its weight is wte's
         Row("lm_head",                       "logits",           compare=True, head=True),
+        # task heads (scratch_models/gpt2_heads.py), one class each; a class without a head's module skips its rows.
+        # Compared where transformers has a module of the same output: the sequence classifier's per-position
+        # scores, before it reads the last token; the QA head's two scores before they are split. (The token
+        # classifier's output, `logits`, is the LM head's hook name, and transformers' multiple-choice head returns
+        # [b, c, 1]: both are compared whole by tests/test_gpt2_heads.py.)
+        Row("score",                         "score",                   WEIGHT, head=True),
+        Row("score",                         "token_logits",     compare=True, head=True),
+        Row("classifier",                    "classifier",              WEIGHT_BIAS, head=True),
+        Row("qa_outputs",                    "qa_outputs",              WEIGHT_BIAS, head=True),
+        Row("qa_outputs",                    "span_logits",      compare=True, head=True),
+        Row("multiple_choice_head.summary",  "multiple_choice_head.summary", WEIGHT_BIAS, head=True),
     ),
     base_prefix="transformer.",
     layers_field="n_layer",

@@ -9,6 +9,11 @@ from pathlib import Path
 import torch
 
 from scratch_models import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
+from scratch_models.bert_heads import (BertForMultipleChoice, BertForNextSentencePrediction, BertForPreTraining,
+                                       BertForQuestionAnswering, BertForSequenceClassification,
+                                       BertForTokenClassification)
+from scratch_models.gpt2_heads import (GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
+                                       GPT2ForTokenClassification)
 from weight_mapping import BERT, GPT2
 
 from .walkthrough import missing_images, walkthrough_markdown
@@ -24,6 +29,11 @@ OUTPUT_FIELDS = {
         "layers.{i}.out": "hidden_states[i + 1]",
         "pooler.out": "pooler_output",
         "logits": "logits",
+        # the task heads (bert_heads.py): each hook is named after the output field it holds
+        "prediction_logits": "prediction_logits",
+        "seq_relationship_logits": "seq_relationship_logits",
+        "start_logits": "start_logits",
+        "end_logits": "end_logits",
     },
     "gpt2": {
         "embeddings.out": "hidden_states[0]",
@@ -31,6 +41,10 @@ OUTPUT_FIELDS = {
         "layers.{i}.out": "hidden_states[i + 1]",  # except the last block's, see FAMILY_NOTES
         "ln_f": "hidden_states[-1]",
         "logits": "logits",
+        # the task heads (gpt2_heads.py)
+        "start_logits": "start_logits",
+        "end_logits": "end_logits",
+        "mc_logits": "mc_logits",
     },
 }
 
@@ -48,10 +62,12 @@ final LayerNorm's output: `hidden_states[-1]` (and `GPT2Model`'s `last_hidden_st
 
 
 def _hook_rows(models, table) -> list[tuple[str, str, str]]:
-    """(name with {i} for the layer, doc, transformers module it is compared with) in forward order."""
+    """(name with {i} for the layer, doc, transformers module it is compared with) in forward order. A name that
+    holds another tensor in another class (`logits` of each head) has a row per tensor, naming the classes; the
+    compared module is that of the first."""
     compared = {row.ours: f"`{row.checkpoint}`" + (f" output[{row.pick}]" if row.pick is not None else "")
                 for row in table.rows if row.compare}
-    rows, seen = [], set()
+    found: dict[str, dict[str, list[str]]] = {}  # name -> its doc -> the classes where it holds that tensor
     for model in models:
         for name, doc in model.hook_docs().items():
             parts = name.split(".")
@@ -59,9 +75,12 @@ def _hook_rows(models, table) -> list[tuple[str, str, str]]:
                 if parts[1] != "0":
                     continue
                 name = ".".join(["layers", "{i}", *parts[2:]])
-            if name not in seen:
-                seen.add(name)
-                rows.append((name, doc, compared.get(name, "")))
+            found.setdefault(name, {}).setdefault(doc, []).append(type(model).__name__)
+    rows = []
+    for name, docs in found.items():
+        for n, (doc, classes) in enumerate(docs.items()):
+            where = f"{', '.join(f'`{c}`' for c in classes)}: " if len(docs) > 1 else ""
+            rows.append((name, where + doc, compared.get(name, "") if n == 0 else ""))
     return rows
 
 
@@ -71,12 +90,21 @@ def _tiny_models():
                       intermediate_size=8, max_position_embeddings=8)
     gpt2 = GPT2Config(vocab_size=10, n_positions=8, n_embd=4, n_layer=1, n_head=2)
     with torch.device("meta"):
-        return {"bert": (BertModel(bert), BertForMaskedLM(bert)), "gpt2": (GPT2LMHeadModel(gpt2),)}
+        bert_heads = (BertForPreTraining, BertForNextSentencePrediction, BertForSequenceClassification,
+                      BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice)
+        gpt2_heads = (GPT2ForSequenceClassification, GPT2ForTokenClassification, GPT2ForQuestionAnswering,
+                      GPT2DoubleHeadsModel)
+        return {"bert": (BertModel(bert), BertForMaskedLM(bert), *(head(bert) for head in bert_heads)),
+                "gpt2": (GPT2LMHeadModel(gpt2), *(head(gpt2) for head in gpt2_heads))}
 
 
 def hook_names_markdown() -> str:
     sections = []
-    titles = {"bert": "BERT: `BertModel`, `BertForMaskedLM`", "gpt2": "GPT-2: `GPT2Model`, `GPT2LMHeadModel`"}
+    titles = {"bert": "BERT: `BertModel`, `BertForMaskedLM` and the task heads (`BertForPreTraining`, "
+                      "`BertForNextSentencePrediction`, `BertForSequenceClassification`, "
+                      "`BertForTokenClassification`, `BertForQuestionAnswering`, `BertForMultipleChoice`)",
+              "gpt2": "GPT-2: `GPT2Model`, `GPT2LMHeadModel` and the task heads (`GPT2ForSequenceClassification`, "
+                      "`GPT2ForTokenClassification`, `GPT2ForQuestionAnswering`, `GPT2DoubleHeadsModel`)"}
     tables = {"bert": BERT, "gpt2": GPT2}
     for family, models in _tiny_models().items():
         lines = [f"## {titles[family]}", "", FAMILY_NOTES[family], "",

@@ -1,0 +1,228 @@
+"""GPT-2's task heads, as transformers 5 has them. Each reads GPT2Model's last hidden state (after ln_f):
+
+    GPT2ForSequenceClassification   score: h -> L at every position, read at each row's last token
+    GPT2ForTokenClassification      classifier: h -> L at every position
+    GPT2ForQuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
+    GPT2DoubleHeadsModel            on [b, c, s] inputs, c choices per example: the LM head (tied to wte) on every
+                                    token, and a multiple-choice head on one token of each choice
+
+Their tensors sit beside the base model's `transformer.*`, as transformers saves them (weight_mapping/gpt2.py).
+A head the checkpoint lacks is an error naming its tensors, never a random init. The losses are transformers':
+the sequence classifier's is chosen from config.problem_type or the labels (losses.py).
+Shapes as in gpt2.py; L num_labels, c choices.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .activations import get_activation
+from .config import ConfigError, GPT2Config
+from .generation import KVCache
+from .gpt2 import GPT2Model
+from .hooks import HookPoint
+from .inputs import check_ids, check_mask
+from .losses import check_classification_labels, classification_loss, cross_entropy, span_loss
+from .outputs import (GPT2DoubleHeadsModelOutput, QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast,
+                      TokenClassifierOutput)
+
+
+class GPT2ForSequenceClassification(GPT2Model):
+    """A class for the whole sequence, read at its last token: the only one whose attention saw all the others."""
+
+    checkpoint_prefixed = True
+
+    def __init__(self, config: GPT2Config):
+        super().__init__(config)
+        self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
+        self.token_logits = HookPoint("[b, s, L] class scores at every position (score), before one is read")
+        self.logits = HookPoint("[b, L] class scores at each row's last token that is not padding: the output")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
+                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
+                labels=None) -> SequenceClassifierOutputWithPast:
+        """As GPT2Model.forward. `labels`: [b] class indices (torch.long), or float [b, L] 0/1 targets (multi-label),
+        or float [b] (L = 1) / [b, L] values (regression); config.problem_type says which, or else the labels do
+        (see losses.py). With a cache, the row is read at its last new token that is not padding."""
+        check_ids("input_ids", input_ids, self.config.vocab_size, "vocab_size")
+        last = self.last_tokens(input_ids)  # checked before the forward pass, which would extend a cache
+        if labels is not None:
+            check_classification_labels(labels, (len(last), self.config.num_labels), self.config.num_labels,
+                                        self.config.problem_type)
+        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        token_logits = self.token_logits(self.score(out.last_hidden_state))
+        logits = self.logits(token_logits[torch.arange(len(last), device=last.device), last])
+        loss = None
+        if labels is not None:
+            loss = classification_loss(logits, labels, self.config.num_labels, self.config.problem_type)
+        return SequenceClassifierOutputWithPast(logits=logits, loss=loss, past_key_values=out.past_key_values,
+                                                hidden_states=out.hidden_states, attentions=out.attentions)
+
+    def last_tokens(self, input_ids) -> torch.Tensor:
+        """[b] the position each row is read at: its rightmost token that is not config.pad_token_id, so right and
+        left padding both work (a row of nothing but padding: position 0). As transformers, from input_ids alone:
+        attention_mask plays no part. Without a pad_token_id: the last position, which is right for one row only."""
+        batch, seq = input_ids.shape
+        pad = self.config.pad_token_id
+        if pad is None:
+            if batch > 1:
+                raise ValueError(f"{type(self).__name__} reads each row at its last token that is not padding, and "
+                                 f"config.pad_token_id is not set, so padding cannot be told apart: cannot handle "
+                                 f"batch sizes > 1 (got {batch}). Set pad_token_id in config.json (GPT-2 has no pad "
+                                 "token; fine-tuning usually pads with eos_token_id), or pass one row at a time")
+            return torch.full((1,), seq - 1, device=input_ids.device)
+        real = (input_ids != pad).to(torch.int32)
+        positions = torch.arange(seq, device=input_ids.device, dtype=torch.int32)
+        return (positions * real).argmax(-1)  # the largest position holding a real token; 0 if there is none
+
+
+class GPT2ForTokenClassification(GPT2Model):
+    """A class for every token (named entities, parts of speech)."""
+
+    checkpoint_prefixed = True
+
+    def __init__(self, config: GPT2Config):
+        super().__init__(config)
+        # transformers' choice: classifier_dropout, else hidden_dropout, else 0.1 (not resid_pdrop)
+        dropout = next((p for p in (config.classifier_dropout, config.hidden_dropout) if p is not None), 0.1)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.n_embd, config.num_labels)
+        self.logits = HookPoint("[b, s, L] class scores of every token")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
+                output_attentions: bool = False, labels=None) -> TokenClassifierOutput:
+        """As GPT2Model.forward, without a KV cache (the output has no place for one, as in transformers).
+        `labels` [b, s]: class indices, -100 where a token is not scored (padding, a word's later pieces); the
+        loss is their cross-entropy, whatever config.problem_type says (as in transformers)."""
+        out = super().forward(input_ids, attention_mask, position_ids, output_hidden_states=output_hidden_states,
+                              output_attentions=output_attentions)
+        logits = self.logits(self.classifier(self.dropout(out.last_hidden_state)))
+        loss = cross_entropy(logits, labels) if labels is not None else None
+        return TokenClassifierOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
+                                     attentions=out.attentions)
+
+
+class GPT2ForQuestionAnswering(GPT2Model):
+    """Extractive question answering: scores for each token as the first and as the last of the answer span."""
+
+    checkpoint_prefixed = True
+
+    def __init__(self, config: GPT2Config):
+        super().__init__(config)
+        self.qa_outputs = nn.Linear(config.n_embd, 2)
+        self.span_logits = HookPoint("[b, s, 2] qa_outputs: each token's start and end scores side by side")
+        self.start_logits = HookPoint("[b, s] each token's score as the first of the answer")
+        self.end_logits = HookPoint("[b, s] each token's score as the last of the answer")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
+                output_attentions: bool = False, start_positions=None,
+                end_positions=None) -> QuestionAnsweringModelOutput:
+        """As GPT2Model.forward, without a KV cache (as in transformers). `start_positions`, `end_positions` [b]:
+        the answer's first and last token; the loss is the mean of their two cross-entropies (losses.span_loss: a
+        position past the sequence, an answer cut off by truncation, is not scored; a negative one is refused).
+        """
+        if (start_positions is None) != (end_positions is None):
+            raise ValueError("give both start_positions and end_positions (the loss needs both ends of the answer), "
+                             "or neither")
+        out = super().forward(input_ids, attention_mask, position_ids, output_hidden_states=output_hidden_states,
+                              output_attentions=output_attentions)
+        start, end = self.span_logits(self.qa_outputs(out.last_hidden_state)).unbind(-1)
+        start_logits, end_logits = self.start_logits(start.contiguous()), self.end_logits(end.contiguous())
+        loss = span_loss(start_logits, end_logits, start_positions, end_positions) if start_positions is not None \
+            else None
+        return QuestionAnsweringModelOutput(start_logits=start_logits, end_logits=end_logits, loss=loss,
+                                            hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+class GPT2SequenceSummary(nn.Module):
+    """The multiple-choice head: each choice's final hidden state at its chosen token (cls_index), through
+    first_dropout -> summary (h -> 1) -> activation -> last_dropout: one score per choice.
+
+    Of transformers' settings, the ones every GPT-2 checkpoint has are built (summary_type "cls_index",
+    summary_use_proj and summary_proj_to_labels true); others are refused, as they give no score per choice."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        for field, value in (("summary_type", "cls_index"), ("summary_use_proj", True),
+                             ("summary_proj_to_labels", True)):
+            if getattr(config, field) != value:
+                raise ConfigError(f"GPT2DoubleHeadsModel: {field}={getattr(config, field)!r} is not supported; its "
+                                  f"multiple-choice head is built with {field}={value!r}, as GPT-2's config has it")
+        self.first_dropout = nn.Dropout(config.summary_first_dropout)
+        self.summary = nn.Linear(config.n_embd, 1)  # transformers sets num_labels = 1 for this model
+        name = config.summary_activation  # transformers: no activation when it is null or empty
+        try:
+            self.activation = get_activation(name, "summary_activation") if name else nn.Identity()
+        except ValueError as e:
+            raise ConfigError(f"GPT2DoubleHeadsModel: {e}") from None
+        self.last_dropout = nn.Dropout(config.summary_last_dropout)
+
+    def forward(self, hidden, cls_index):  # hidden [b, c, s, h], cls_index [b, c] -> [b, c]
+        index = cls_index[..., None, None].expand(*cls_index.shape, 1, hidden.shape[-1])  # [b, c, 1, h]
+        picked = hidden.gather(2, index).squeeze(2)  # [b, c, h]
+        return self.last_dropout(self.activation(self.summary(self.first_dropout(picked)))).squeeze(-1)
+
+
+class GPT2DoubleHeadsModel(GPT2Model):
+    """GPT-2 with two heads on c choices per example (a story with each of its possible endings, say): the LM
+    head on every token of every choice, and a multiple-choice head scoring each choice from one of its tokens.
+    No `generate` (its inputs are [b, c, s]): GPT2LMHeadModel loads the same checkpoint and generates."""
+
+    checkpoint_prefixed = True
+
+    def __init__(self, config: GPT2Config):
+        super().__init__(config)
+        self.logits = HookPoint("[b, c, s, V] scores over the vocabulary for the next token, per choice and position")
+        self.multiple_choice_head = GPT2SequenceSummary(config)
+        self.mc_logits = HookPoint("[b, c] each choice's score (the multiple-choice head at its mc_token_ids)")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
+                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
+                mc_token_ids=None, labels=None, mc_labels=None) -> GPT2DoubleHeadsModelOutput:
+        """input_ids [b, c, s]: c sequences per example; attention_mask [b, c, p + s] and position_ids [b, c, s]
+        likewise. The base model runs on the b·c sequences as one batch: its hook points, the cache,
+        `hidden_states` and `attentions` hold b·c rows, except the last hidden state, [b, c, s, h] (as
+        transformers returns them).
+        `mc_token_ids` [b, c]: the position the multiple-choice head reads in each choice (default: the last;
+        usually a classification token added for the purpose). `labels` [b, c, s]: the LM loss as
+        GPT2LMHeadModel's, over every choice (-100 not scored); `mc_labels` [b]: the right choice, whose
+        cross-entropy against mc_logits is `mc_loss`."""
+        config = self.config
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3 or not input_ids.numel():
+            got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a non-empty 3-D tensor [batch, choices, seq], got {got}")
+        shape = tuple(input_ids.shape)
+        batch, choices, seq = shape
+        # every argument is checked before the forward pass, which would extend a cache
+        check_ids("input_ids", input_ids, config.vocab_size, "vocab_size", shapes=(shape,))
+        past = past_key_values.length if isinstance(past_key_values, KVCache) else 0
+        check_mask("attention_mask", attention_mask, (batch, choices, past + seq))
+        if position_ids is not None:
+            check_ids("position_ids", position_ids, config.n_positions, "n_positions", shapes=(shape,))
+        if mc_token_ids is None:
+            mc_token_ids = torch.full((batch, choices), seq - 1, device=input_ids.device)
+        check_ids("mc_token_ids", mc_token_ids, seq, "the sequence length", shapes=((batch, choices),))
+        if labels is not None:
+            check_ids("labels", labels, config.vocab_size, "vocab_size", shapes=(shape,), ignore=-100)
+        if mc_labels is not None:
+            check_ids("mc_labels", mc_labels, choices, "the number of choices", shapes=((batch,),), ignore=-100)
+
+        def flat(t):  # [b, c, ...] -> [b·c, ...]
+            return None if t is None else t.reshape(batch * choices, -1)
+
+        out = super().forward(flat(input_ids), flat(attention_mask), flat(position_ids), past_key_values, use_cache,
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        hidden = out.last_hidden_state.view(batch, choices, seq, -1)
+        logits = self.logits(F.linear(hidden, self.embeddings.wte.weight))
+        mc_logits = self.mc_logits(self.multiple_choice_head(hidden, mc_token_ids))
+        loss = mc_loss = None
+        if labels is not None:  # in the logits' dtype, as transformers computes this one
+            loss = F.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]),
+                                   labels[..., 1:].long().reshape(-1), ignore_index=-100)
+        if mc_labels is not None:
+            mc_loss = cross_entropy(mc_logits, mc_labels, "mc_labels", classes="the number of choices")
+        hidden_states = (*out.hidden_states[:-1], hidden) if output_hidden_states else None
+        return GPT2DoubleHeadsModelOutput(logits=logits, mc_logits=mc_logits, loss=loss, mc_loss=mc_loss,
+                                          past_key_values=out.past_key_values, hidden_states=hidden_states,
+                                          attentions=out.attentions)
