@@ -199,3 +199,66 @@ def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(t
     monkeypatch.setattr(our_class, "from_pretrained", classmethod(off_by_a_little))
     wrong = verify(str(directory), dtype=dtype)
     assert [row.name for row in wrong.rows if not row.passed] == ["logits"], wrong.format()
+
+
+HEADS = {  # transformers class -> the outputs verify compares for it
+    "BertForPreTraining": ["prediction_logits", "seq_relationship_logits"],
+    "BertForNextSentencePrediction": ["logits"],
+    "BertForSequenceClassification": ["logits"],
+    "BertForTokenClassification": ["logits"],
+    "BertForQuestionAnswering": ["start_logits", "end_logits"],
+    "BertForMultipleChoice": ["logits"],
+    "GPT2ForSequenceClassification": ["logits"],
+    "GPT2ForTokenClassification": ["logits"],
+    "GPT2ForQuestionAnswering": ["start_logits", "end_logits"],
+    "GPT2DoubleHeadsModel": ["logits", "mc_logits"],
+}
+
+
+def head_checkpoint(directory, class_name: str, **config):
+    """A transformers model of `class_name` with scaled random weights, saved by transformers (architectures set)."""
+    torch.manual_seed(0)
+    if class_name.startswith("Bert"):
+        config = transformers.BertConfig(vocab_size=99, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                         intermediate_size=37, num_labels=3, **config)
+    else:
+        config = transformers.GPT2Config(vocab_size=99, n_embd=48, n_layer=2, n_head=3, n_positions=32, num_labels=3,
+                                         bos_token_id=98, eos_token_id=98, **config)
+    if class_name.endswith("QuestionAnswering"):
+        config.num_labels = 2
+    model = randomize_(getattr(transformers, class_name)._from_config(config, attn_implementation="eager"), 0.3)
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.mark.parametrize("class_name", list(HEADS))
+def test_verify_compares_the_outputs_of_the_checkpoints_own_head_class(tmp_path, class_name):
+    """The head class comes from config.json's architectures; every score it outputs is compared with
+    transformers' class of the same name, after the base model's layer-by-layer rows."""
+    head_checkpoint(tmp_path, class_name, **({"pad_token_id": 0} if class_name.startswith("GPT2") else {}))
+    report = verify(str(tmp_path))
+    assert report.passed, report.format()
+    outputs = [row for row in report.rows if row.reference.startswith(f"{class_name}.")]
+    assert [row.name for row in outputs] == HEADS[class_name]
+    assert report.rows.index(outputs[0]) == len(report.rows) - len(outputs)  # after every base-model row
+    assert any(f"our fused attention against transformers' SDPA {class_name}" in note for note in report.notes)
+
+
+def test_verify_gpt2_sequence_classifier_without_pad_token_reads_one_row(tmp_path):
+    head_checkpoint(tmp_path, "GPT2ForSequenceClassification")
+    report = verify(str(tmp_path))
+    assert report.passed, report.format()
+    assert report.rows[-1].shape == (1, 3)
+    assert any("no pad_token_id in config.json" in note for note in report.notes)
+
+
+@pytest.mark.parametrize("class_name", ["BertForSequenceClassification", "GPT2DoubleHeadsModel"])
+def test_convert_keeps_the_head_and_transformers_reads_the_same_class(tmp_path, class_name):
+    from scratch_models_cli.convert import convert
+
+    reference = head_checkpoint(tmp_path / "source", class_name)
+    summary = convert(str(tmp_path / "source"), tmp_path / "out")
+    assert f"as {class_name}" in summary and "ignored" not in summary
+    back = getattr(transformers, class_name).from_pretrained(tmp_path / "out").eval()
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import torch
 
-from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel, GPT2Model
+from scratch_models import (BertForMaskedLM, BertForMultipleChoice, BertForNextSentencePrediction, BertForPreTraining,
+                            BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification,
+                            BertModel, GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
+                            GPT2ForTokenClassification, GPT2LMHeadModel, GPT2Model)
 from weight_mapping import BERT, GPT2, CheckpointError, MappingTable, open_checkpoint
 
 
@@ -14,9 +17,9 @@ from weight_mapping import BERT, GPT2, CheckpointError, MappingTable, open_check
 class Family:
     table: MappingTable
     base: type  # our base model
-    head: type  # our model with the task head the checkpoints of this family carry
-    hf_base: str  # the transformers class names they are compared with
-    hf_head: str
+    # our classes with a task head, each compared with transformers' class of the same name; the first is the
+    # head of the family's pretrained checkpoints (BertForMaskedLM, GPT2LMHeadModel)
+    heads: tuple[type, ...]
     default_texts: tuple[str, ...]
     default_pairs: tuple[str, ...]
     input_names: tuple[str, ...]  # forward arguments both models take
@@ -28,21 +31,36 @@ class Family:
         real = attention_mask.bool()
         return real.cumsum(-1) > 0 if self.causal else real.any(-1, keepdim=True).expand_as(real)
 
-    def missing_head_tensors(self, checkpoint, config) -> list[str]:
-        """Checkpoint names of the head's own tensors (not tied ones) that the checkpoint lacks."""
+    def missing_head_tensors(self, checkpoint, config, head: type) -> list[str]:
+        """Checkpoint names of `head`'s own tensors (not tied ones) that the checkpoint lacks; all of them when
+        the config cannot build that head (BertForQuestionAnswering with other than 2 labels, say)."""
         num_layers = getattr(config, self.table.layers_field)
         with torch.device("meta"):
             base_names = set(self.base(config).state_dict())
-            head_names = set(self.head(config).state_dict())
+            try:
+                head_names = set(head(config).state_dict())
+            except ValueError:  # ConfigError too
+                return [f"({head.__name__} cannot be built from {checkpoint.config_path})"]
         present = {self.table.normalize(k) for k in checkpoint.keys()}
         present |= {self.table.aliases[k] for k in present if k in self.table.aliases}
         return [key for key, ours in self.table.tensor_names(num_layers).items()
                 if ours in head_names - base_names and key not in present]
 
-    def widest_model(self, checkpoint) -> type:
-        """Our class with the task head when the checkpoint carries the head's tensors, else the base class."""
+    def head_of(self, checkpoint, *, sequences_only: bool = False) -> type | None:
+        """Our class with the checkpoint's head: the class config.json's `architectures` names, if the file holds
+        its tensors; else the first of `heads` whose tensors it holds all of; None for a base-model checkpoint.
+        `sequences_only`: no class whose inputs are [batch, choices, seq] (multiple choice)."""
         config = self.base.config_class.from_json_file(checkpoint.config_path)
-        return self.base if self.missing_head_tensors(checkpoint, config) else self.head
+        named = _architectures(checkpoint.config_path)
+        candidates = [head for head in self.heads if not (sequences_only and head.__name__ in MULTIPLE_CHOICE)]
+        for head in sorted(candidates, key=lambda head: head.__name__ not in named):
+            if not self.missing_head_tensors(checkpoint, config, head):
+                return head
+        return None
+
+    def widest_model(self, checkpoint, *, sequences_only: bool = False) -> type:
+        """Our class with the checkpoint's task head when it has one (see head_of), else the base class."""
+        return self.head_of(checkpoint, sequences_only=sequences_only) or self.base
 
     def check_pairs(self, pairs) -> None:
         """Sentence pairs need token types, which only some families have."""
@@ -111,16 +129,30 @@ def random_inputs(config, input_names) -> dict:
     return inputs
 
 
+# classes whose inputs are [batch, choices, seq]: one sequence per (example, choice)
+MULTIPLE_CHOICE = {"BertForMultipleChoice", "GPT2DoubleHeadsModel"}
+
+
+def _architectures(config_path) -> list[str]:
+    """config.json's `architectures`: the class names transformers saved it from (none when absent)."""
+    names = json.loads(config_path.read_text(encoding="utf-8")).get("architectures")
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
 FAMILIES = {
     "bert": Family(
-        table=BERT, base=BertModel, head=BertForMaskedLM, hf_base="BertModel", hf_head="BertForMaskedLM",
+        table=BERT, base=BertModel,
+        heads=(BertForMaskedLM, BertForPreTraining, BertForNextSentencePrediction, BertForSequenceClassification,
+               BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice),
         default_texts=("The cat sat on the warm mat.", "Time flies like an arrow."),
         default_pairs=("It purred.", "Fruit flies like a banana, and a banana is ripe in June."),
         input_names=("input_ids", "attention_mask", "token_type_ids"),
         causal=False,
     ),
     "gpt2": Family(
-        table=GPT2, base=GPT2Model, head=GPT2LMHeadModel, hf_base="GPT2Model", hf_head="GPT2LMHeadModel",
+        table=GPT2, base=GPT2Model,
+        heads=(GPT2LMHeadModel, GPT2ForSequenceClassification, GPT2ForTokenClassification, GPT2ForQuestionAnswering,
+               GPT2DoubleHeadsModel),
         default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
         default_pairs=(),
         input_names=("input_ids", "attention_mask"),

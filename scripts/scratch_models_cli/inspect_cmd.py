@@ -45,7 +45,7 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
         raise ValueError("--device cuda: no CUDA device is available")
     tokenizer = require_tokenizer(source)
     # the task head too when the checkpoint has one, so its logits are cached as well
-    ours = family.widest_model(checkpoint).from_pretrained(source, device=device)
+    ours = family.widest_model(checkpoint, sequences_only=True).from_pretrained(source, device=device)
 
     batch = tokenizer(text, pair, return_tensors="pt")
     inputs = {name: batch[name].to(device) for name in family.input_names if name in batch}

@@ -1,9 +1,11 @@
 """The layer-by-layer parity report: our model against transformers on the same input, tensor by tensor.
 
-Which tensors are compared, and which transformers module each one is read from, comes from the mapping table
-(rows marked `compare`): the same rows that load the weights. Like is compared with like: the base model's rows
-hook attention probabilities, so our explicit path runs against transformers' eager attention; the head's rows
-(logits) hook none, so our fused path runs against transformers' default SDPA attention.
+Which tensors of the base model are compared, and which transformers module each one is read from, comes from
+the mapping table (rows marked `compare`): the same rows that load the weights. When the checkpoint has a task
+head, the outputs of our class with that head (logits, start_logits, mc_logits, ...) are compared with those of
+transformers' class of the same name. Like is compared with like: the base model's rows hook attention
+probabilities, so our explicit path runs against transformers' eager attention; the head's outputs come from our
+fused path and transformers' default SDPA attention.
 """
 
 import contextlib
@@ -17,7 +19,7 @@ import torch
 from scratch_models.pretrained import as_dtype
 from weight_mapping import open_checkpoint
 
-from .families import Family, family_of
+from .families import MULTIPLE_CHOICE, Family, family_of
 
 # (atol, rtol): a tensor passes when |ours - ref| <= atol + rtol * |ref| everywhere.
 TOLERANCES = {
@@ -31,6 +33,9 @@ TOLERANCES = {
 # run, as this factor times transformers' own distance (in that dtype) from its float32 result.
 LOGITS_ATOL = {torch.float32: 1e-4}
 HALF_LOGITS_FACTOR = 2.0
+# the output fields of the task-head classes that hold scores: compared when both classes return them
+HEAD_OUTPUTS = ("logits", "prediction_logits", "seq_relationship_logits", "start_logits", "end_logits",
+                "mc_logits")
 
 
 @dataclasses.dataclass
@@ -112,7 +117,6 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
     inputs = {k: v.to(device) for k, v in inputs.items()}
 
     base_rows = family.table.compared(num_layers, with_heads=False)
-    head_rows = [r for r in family.table.compared(num_layers, with_heads=True) if r.head]
     sighted = family.sighted(inputs["attention_mask"]) if "attention_mask" in inputs else None
     if sighted is not None and not bool(sighted.all()):
         notes.append(f"{int((~sighted).sum())} positions see no key (all padding before them): there our "
@@ -120,58 +124,86 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
                      "comparison skips them")
     rows = []
     with _reference_dir(source, checkpoint) as reference_dir:
-        rows += _compare_models(family, family.base, family.hf_base, base_rows, source, reference_dir, inputs,
-                                device, torch_dtype, isolate, prefixed=False, notes=notes, sighted=sighted)
-        missing_head = family.missing_head_tensors(checkpoint, config)
-        if missing_head:
-            notes.append(f"no {family.head.__name__} head in the checkpoint ({missing_head[0]} absent): "
-                         "head outputs not compared")
+        rows += _compare_base(family, source, reference_dir, base_rows, inputs, device, torch_dtype, isolate,
+                              notes=notes, sighted=sighted)
+        head = family.head_of(checkpoint)
+        if head is None:
+            missing = family.missing_head_tensors(checkpoint, config, family.heads[0])
+            notes.append(f"no task head in the checkpoint (not even {family.heads[0].__name__}'s: {missing[0]} "
+                         "absent): head outputs not compared")
         else:
-            rows += _compare_models(family, family.head, family.hf_head, head_rows, source, reference_dir,
-                                    inputs, device, torch_dtype, isolate, prefixed=True, notes=notes)
+            rows += _compare_head(head, source, reference_dir, inputs, device, torch_dtype, notes)
     label = source if model else f"all-MiniLM-L6-v2, embedded ({source})"
     return Report(model=label, device=device, dtype=dtype, isolate=isolate,
                   input_shape=tuple(inputs["input_ids"].shape), input_note=input_note, rows=rows, notes=notes)
 
 
-def _compare_models(family: Family, our_class, hf_class_name: str, rows, source, reference_dir, inputs, device,
-                    dtype, isolate: bool, prefixed: bool, notes: list[str],
-                    sighted: torch.Tensor | None = None) -> list[Comparison]:
+def _compare_base(family: Family, source, reference_dir, rows, inputs, device, dtype, isolate: bool,
+                  notes: list[str], sighted: torch.Tensor | None) -> list[Comparison]:
+    """The base model, layer by layer: our explicit path against transformers' eager attention."""
     import transformers
 
     dtype = dtype or torch.float32
-    ours = our_class.from_pretrained(source, dtype=dtype, device=device)
-    notes += [f"{our_class.__name__}: ignored {key} ({why})" for key, why in ours.loading_info.ignored.items()]
+    ours = family.base.from_pretrained(source, dtype=dtype, device=device)
+    name = family.base.__name__
+    notes += [f"{name}: ignored {key} ({why})" for key, why in ours.loading_info.ignored.items()]
     hook_names = set(ours.hook_names())
-    # a head row whose hook point this class lacks belongs to another head class of the family: no note for it
-    notes += [f"{row.ours}: not in this checkpoint, not compared" for row in rows
-              if row.ours not in hook_names and not row.head]
+    notes += [f"{row.ours}: not in this checkpoint, not compared" for row in rows if row.ours not in hook_names]
     rows = [row for row in rows if row.ours in hook_names]
-    explicit = any(row.ours.endswith(".probs") for row in rows)  # our path, as hooking the rows makes it
+    reference = getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="eager",
+                                                            dtype=dtype).to(device).eval()
+    mine, theirs = capture_modules(family.table, ours, reference, rows, inputs, prefixed=False, isolate=isolate)
+    notes.append(f"{name}: our explicit attention against transformers' eager {name}")
+    tolerances = {row.ours: _tolerance(row, dtype) for row in rows}
+    return _comparisons(family.table, rows, False, ours.hook_docs(), mine, theirs, tolerances, sighted)
+
+
+def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype, notes: list[str]
+                  ) -> list[Comparison]:
+    """Every output tensor of our `head` class (logits, start_logits, mc_logits, ...) against transformers' class of
+    the same name: our fused path against its default SDPA attention. Multiple-choice classes read the batch as
+    the choices of one example."""
+    import transformers
+
+    dtype = dtype or torch.float32
+    name = head.__name__
+    ours = head.from_pretrained(source, dtype=dtype, device=device)
+    notes += [f"{name}: ignored {key} ({why})" for key, why in ours.loading_info.ignored.items()]
+    if name in MULTIPLE_CHOICE:
+        inputs = {key: value[None] for key, value in inputs.items()}  # [1, choices, seq]
+    if name == "GPT2ForSequenceClassification" and ours.config.pad_token_id is None and len(inputs["input_ids"]) > 1:
+        inputs = {key: value[:1] for key, value in inputs.items()}
+        notes.append(f"{name}: no pad_token_id in config.json, so one row at a time can be read: the first only")
+
+    def outputs(model) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            out = model(**inputs)
+        return {field: out[field] for field in HEAD_OUTPUTS if isinstance(getattr(out, field, None), torch.Tensor)}
 
     def reference_in(dtype):
-        return getattr(transformers, hf_class_name).from_pretrained(
-            reference_dir, attn_implementation="eager" if explicit else "sdpa", dtype=dtype).to(device).eval()
+        return getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="sdpa",
+                                                           dtype=dtype).to(device).eval()
 
-    mine, theirs = capture_modules(family.table, ours, reference_in(dtype), rows, inputs, prefixed=prefixed,
-                                   isolate=isolate)
-    notes.append(f"{our_class.__name__}: our {'explicit' if explicit else 'fused'} attention against "
-                 f"transformers' {'eager' if explicit else 'SDPA'} {hf_class_name}")
-    tolerances = {row.ours: _tolerance(row, dtype) for row in rows}
-    if dtype != torch.float32 and "logits" in tolerances:
-        _, exact = capture_modules(family.table, None, reference_in(torch.float32),
-                                   [row for row in rows if row.ours == "logits"], inputs, prefixed=prefixed)
-        tolerances["logits"] = _half_logits_tolerance(mine["logits"], theirs["logits"], exact["logits"], dtype,
-                                                      notes)
-    return _comparisons(family.table, rows, prefixed, ours.hook_docs(), mine, theirs, tolerances, sighted)
+    mine, theirs = outputs(ours), outputs(reference_in(dtype))
+    exact = outputs(reference_in(torch.float32)) if dtype != torch.float32 else None
+    notes.append(f"{name}: our fused attention against transformers' SDPA {name}, outputs "
+                 f"{', '.join(mine)}")
+    rows = []
+    for field in mine:
+        if exact is None:
+            atol, rtol = LOGITS_ATOL[dtype], TOLERANCES[dtype][1]
+        else:
+            atol, rtol = _half_logits_tolerance(field, mine[field], theirs[field], exact[field], dtype, notes)
+        rows.append(compare(field, f"{name}.{field}", mine[field], theirs[field], atol, rtol))
+    return rows
 
 
 def _tolerance(row, dtype) -> tuple[float, float]:
     atol, rtol = TOLERANCES[dtype]
-    return (LOGITS_ATOL.get(dtype, atol), rtol) if row.ours == "logits" else (atol, rtol)
+    return (LOGITS_ATOL.get(dtype, atol), rtol) if row.ours.endswith("logits") else (atol, rtol)
 
 
-def _half_logits_tolerance(ours, theirs, exact, dtype, notes: list[str]) -> tuple[float, float]:
+def _half_logits_tolerance(field: str, ours, theirs, exact, dtype, notes: list[str]) -> tuple[float, float]:
     """(atol, rtol) for half-precision logits: atol is HALF_LOGITS_FACTOR x transformers' distance from its float32
     logits, and never below the format's own tolerance (a model so small that its half logits are exact)."""
     theirs_off = float((theirs.double() - exact.double()).abs().max())
@@ -179,8 +211,8 @@ def _half_logits_tolerance(ours, theirs, exact, dtype, notes: list[str]) -> tupl
     format_atol, rtol = TOLERANCES[dtype]
     atol = max(HALF_LOGITS_FACTOR * theirs_off, format_atol)
     name = str(dtype).removeprefix("torch.")
-    notes.append(f"logits: atol {atol:.2e} = max({HALF_LOGITS_FACTOR:g} x {theirs_off:.2e}, {format_atol:.0e}), "
-                 f"{theirs_off:.2e} being transformers' {name} distance from its float32 logits; ours is "
+    notes.append(f"{field}: atol {atol:.2e} = max({HALF_LOGITS_FACTOR:g} x {theirs_off:.2e}, {format_atol:.0e}), "
+                 f"{theirs_off:.2e} being transformers' {name} distance from its float32 {field}; ours is "
                  f"{ours_off:.2e} from them")
     return atol, rtol
 
