@@ -30,6 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("text", help="text with one or more mask tokens, e.g. 'Paris is the [MASK] of France.'")
     p.add_argument("--top-k", type=int, default=5)
 
+    p = commands.add_parser("classify", help="what a fine-tuned checkpoint's head says: labels with "
+                                             "probabilities, a label per token, or an answer span")
+    p.add_argument("model", help="hub id, directory or weights file of a checkpoint with a classification or "
+                                 "question-answering head")
+    p.add_argument("text", help="the text (for question answering: the question)")
+    p.add_argument("--pair", help="second segment (for question answering: the context)")
+    p.add_argument("--top-k", type=int, help="show only the best K labels")
+
     p = commands.add_parser("generate", help="continue a prompt with GPT-2, printing tokens as they come")
     p.add_argument("model", help="hub id, directory or weights file of a GPT-2 checkpoint")
     p.add_argument("prompt")
@@ -66,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("inspect takes [MODEL] TEXT: quote a text with spaces")
     _quiet_transformers()
     try:
-        run = {"verify": _verify, "fill-mask": _fill_mask, "generate": _generate, "inspect": _inspect,
-               "convert": _convert}
+        run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
+               "inspect": _inspect, "convert": _convert}
         return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
@@ -93,6 +101,13 @@ def _fill_mask(args) -> int:
         print(f"mask at token {position}:")
         for rank, (token, probability) in enumerate(candidates, 1):
             print(f"  {rank}. {token:<20} {probability:.4f}")
+    return 0
+
+
+def _classify(args) -> int:
+    from .classify import classify, format_classification
+
+    print(format_classification(classify(args.model, args.text, pair=args.pair, top_k=args.top_k)))
     return 0
 
 
