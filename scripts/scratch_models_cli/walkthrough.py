@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from scratch_models import BertModel, GPT2Config, GPT2Model, activations, attention
 from scratch_models.attention_plots import attention_grid_png, head_png
 from scratch_models.bert import BertMLP, BertPooler, BertSelfAttention
+from scratch_models.bert_heads import BertForSequenceClassification
 from scratch_models.gpt2 import Conv1D, GPT2Attention, GPT2Block
 from scratch_models.inspection import AttentionCapture
 from weight_mapping import BERT, GPT2, Checkpoint, MappingTable, open_checkpoint
@@ -705,7 +706,19 @@ tanh keeps every component inside $`(-1, 1)`$: here from {_num(out.min())} to {_
 
 A pooler is one way to get a sentence vector, not the only one. all-MiniLM-L6-v2 was fine-tuned as a sentence
 embedding model, and the pooling config shipped beside its weights (`1_Pooling/config.json`) selects
-`{mode}`: its sentence embedding averages every token's last hidden state and leaves the pooler unused."""
+`{mode}`: its sentence embedding averages every token's last hidden state and leaves the pooler unused.
+
+**A classifier on top.** Fine-tuning BERT to classify text puts one more layer on the pooled vector, as the
+next-sentence head did in pretraining: dropout, then a dense layer to one score per label. The labels' names and
+how the loss is chosen (one label: regression; class indices: cross-entropy; 0/1 per label: multi-label) come
+from the checkpoint's config.json (`id2label`, `problem_type`):
+
+{excerpt(BertForSequenceClassification.forward, "logits = ", "loss = ").markdown()}
+
+Its checkpoint holds the encoder under `bert.` and the classifier beside it, as `classifier.weight`
+[num_labels, {runs.model.config.hidden_size}] and `classifier.bias`: a row of the mapping table like every other
+(`weight_mapping/bert.py`). `scratch-models classify MODEL "text"` prints what such a head says, label by
+label."""
 
 
 def _next_steps() -> str:
