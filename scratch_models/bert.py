@@ -3,7 +3,7 @@
     embeddings = LayerNorm(word[id] + token_type[type] + position[pos])
     each layer (post-LN):  x = LayerNorm(x + SelfAttention(x));  x = LayerNorm(x + W2 act(W1 x))
     pooler     = tanh(W h[CLS])
-    MLM head   = LayerNorm(act(W h)) @ word_embeddingsᵀ + bias
+    MLM head   = LayerNorm(act(W h)) @ word_embeddingsᵀ + bias  (a decoder of its own when the config unties it)
 
 Shapes: b batch, s sequence, h hidden, n heads, d = h / n head size, m intermediate (MLP) size, V vocabulary.
 Every `HookPoint` names a tensor that `run_with_cache` can read and `run_with_hooks` can replace.
@@ -132,7 +132,8 @@ class BertPooler(nn.Module):
 
 
 class BertMLMHead(nn.Module):
-    """Transform each position, then score it against every word embedding (the decoder is tied to them)."""
+    """Transform each position, then score it against every word embedding (the decoder is tied to them), or
+    against a decoder of its own when config.tie_word_embeddings is false."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -140,9 +141,15 @@ class BertMLMHead(nn.Module):
         self.act = get_activation(config.hidden_act, "hidden_act")
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        # untied: transformers' cls.predictions.decoder, matrix and bias; `bias` is then unused (transformers keeps
+        # it too, and its checkpoints hold it)
+        self.decoder = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, hidden, word_embeddings):  # [b, s, h], [V, h] -> [b, s, V]
-        return F.linear(self.norm(self.act(self.dense(hidden))), word_embeddings, self.bias)
+        transformed = self.norm(self.act(self.dense(hidden)))
+        if self.decoder is None:  # tied
+            return F.linear(transformed, word_embeddings, self.bias)
+        return self.decoder(transformed)
 
 
 class BertModel(PretrainedModel):
@@ -216,6 +223,8 @@ class BertWithHead(BertModel):
 
 class BertForMaskedLM(BertWithHead):
     """BERT without the pooler, plus the masked-language-model head: logits over the vocabulary per position."""
+
+    tied_output_layer = True
 
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=False)

@@ -39,6 +39,8 @@ class BertForPreTraining(BertWithHead):
     """The class bert-base-uncased was saved from: masked-LM and next-sentence heads. The loss, when both `labels`
     and `next_sentence_label` are given, is the sum of the two cross-entropies."""
 
+    tied_output_layer = True
+
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=True)
         self.mlm_head = BertMLMHead(config)

@@ -2,7 +2,7 @@
 
 Only fields that change what the model computes are kept. Each is checked for type and range when read, so a
 bad config fails here, naming the file and the field, rather than deep inside a forward pass. Settings we do
-not implement (relative positions, a decoder BERT, untied heads) are refused rather than silently ignored.
+not implement (relative positions, a decoder BERT, cross-attention) are refused rather than silently ignored.
 """
 
 import dataclasses
@@ -197,6 +197,8 @@ class BertConfig(_Config):
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
+    # the MLM decoder scores against the word embeddings (tied); false: it has a matrix and bias of its own
+    tie_word_embeddings: bool = True
     # task heads, as transformers' PretrainedConfig has them: the classes of a classifier (see num_labels), how its
     # loss is chosen (None: from num_labels and the labels' dtype), and its dropout (None: hidden_dropout_prob)
     id2label: dict | None = None
@@ -209,7 +211,6 @@ class BertConfig(_Config):
             "position_embedding_type": ("absolute", "only absolute position embeddings are implemented"),
             "is_decoder": (False, "a causal (decoder) BERT is not implemented"),
             "add_cross_attention": (False, "cross-attention is not implemented"),
-            "tie_word_embeddings": (True, "the MLM decoder is always tied to the word embeddings"),
         }
 
     def validate(self, source: str) -> None:
@@ -259,6 +260,8 @@ class GPT2Config(_Config):
     bos_token_id: int | None = 50256
     eos_token_id: int | None = 50256
     pad_token_id: int | None = None
+    # the LM head scores against the token embeddings, wte (tied); false: it has a matrix of its own (lm_head)
+    tie_word_embeddings: bool = True
     # task heads, as transformers' PretrainedConfig has them (see BertConfig)
     id2label: dict | None = None
     problem_type: str | None = None
@@ -281,7 +284,6 @@ class GPT2Config(_Config):
             "add_cross_attention": (False, "cross-attention (GPT-2 as a decoder of an encoder) is not implemented"),
             "reorder_and_upcast_attn": (False, "the fp32 upcast attention of Stanford CRFM's Mistral runs is "
                                                "not implemented"),
-            "tie_word_embeddings": (True, "the LM head is always tied to the token embeddings (wte)"),
         }
 
     def validate(self, source: str) -> None:

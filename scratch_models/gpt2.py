@@ -3,7 +3,7 @@
     embeddings = wte[id] + wpe[pos]
     each block (pre-LN):  x = x + CausalSelfAttention(LN(x));  x = x + W2 act(W1 LN(x))
     final      = LN(x)
-    LM head    = final @ wteᵀ  (tied to the token embeddings)
+    LM head    = final @ wteᵀ  (tied to the token embeddings; a matrix of its own when the config unties it)
 
 Shapes: b batch, s new tokens, p tokens already in the KV cache, h n_embd, n heads, d = h / n head size,
 m MLP width, V vocabulary. Every `HookPoint` names a tensor that `run_with_cache` can read and `run_with_hooks`
@@ -208,14 +208,27 @@ class GPT2Model(PretrainedModel):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
+    @property
+    def output_embeddings(self) -> torch.Tensor:
+        """[V, h] the matrix an LM head scores against (GPT2LMHeadModel, GPT2DoubleHeadsModel): wte, to which GPT-2
+        ties it, or the head's own `lm_head` when config.tie_word_embeddings is false."""
+        return self.embeddings.wte.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+
+def untied_lm_head(config: GPT2Config) -> nn.Linear | None:
+    """An LM head's own matrix (transformers' `lm_head`) when config.tie_word_embeddings is false, else None."""
+    return None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
 
 class GPT2LMHeadModel(GPT2Model, GenerationMixin):
     """GPT-2 plus the language-model head: logits over the vocabulary for the token after each position."""
 
     checkpoint_prefixed = True
+    tied_output_layer = True
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
+        self.lm_head = untied_lm_head(config)
         self.logits = HookPoint("[b, s, V] scores over the vocabulary for the next token, per position")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
@@ -235,7 +248,7 @@ class GPT2LMHeadModel(GPT2Model, GenerationMixin):
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        logits = self.logits(F.linear(hidden, self.embeddings.wte.weight))
+        logits = self.logits(F.linear(hidden, self.output_embeddings))
         loss = None
         if labels is not None:
             # in fp32, as transformers computes it; the last position has no next token to score

@@ -3,8 +3,9 @@
     GPT2ForSequenceClassification   score: h -> L at every position, read at each row's last token
     GPT2ForTokenClassification      classifier: h -> L at every position
     GPT2ForQuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
-    GPT2DoubleHeadsModel            on [b, c, s] inputs, c choices per example: the LM head (tied to wte) on every
-                                    token, and a multiple-choice head on one token of each choice
+    GPT2DoubleHeadsModel            on [b, c, s] inputs, c choices per example: the LM head (tied to wte, as in
+                                    GPT2LMHeadModel) on every token, and a multiple-choice head on one token of each
+                                    choice
 
 Their tensors sit beside the base model's `transformer.*`, as transformers saves them (weight_mapping/gpt2.py).
 A head the checkpoint lacks is an error naming its tensors, never a random init. The losses are transformers':
@@ -19,7 +20,7 @@ from torch import nn
 from .activations import get_activation
 from .config import ConfigError, GPT2Config
 from .generation import KVCache
-from .gpt2 import GPT2Model
+from .gpt2 import GPT2Model, untied_lm_head
 from .hooks import HookPoint
 from .inputs import check_ids, check_mask
 from .losses import check_classification_labels, classification_loss, cross_entropy, span_loss
@@ -170,9 +171,11 @@ class GPT2DoubleHeadsModel(GPT2Model):
     No `generate` (its inputs are [b, c, s]): GPT2LMHeadModel loads the same checkpoint and generates."""
 
     checkpoint_prefixed = True
+    tied_output_layer = True
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
+        self.lm_head = untied_lm_head(config)
         self.logits = HookPoint("[b, c, s, V] scores over the vocabulary for the next token, per choice and position")
         self.multiple_choice_head = GPT2SequenceSummary(config)
         self.mc_logits = HookPoint("[b, c] each choice's score (the multiple-choice head at its mc_token_ids)")
@@ -214,7 +217,7 @@ class GPT2DoubleHeadsModel(GPT2Model):
         out = super().forward(flat(input_ids), flat(attention_mask), flat(position_ids), past_key_values, use_cache,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         hidden = out.last_hidden_state.view(batch, choices, seq, -1)
-        logits = self.logits(F.linear(hidden, self.embeddings.wte.weight))
+        logits = self.logits(F.linear(hidden, self.output_embeddings))
         mc_logits = self.mc_logits(self.multiple_choice_head(hidden, mc_token_ids))
         loss = mc_loss = None
         if labels is not None:  # in the logits' dtype, as transformers computes this one

@@ -1,6 +1,7 @@
 """`from_pretrained`: build the model without random init, fill it from a checkpoint through a mapping table;
 `save_pretrained`: the table run backwards, into the layout transformers writes."""
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -22,6 +23,8 @@ class PretrainedModel(HookedModel):
     # a model with a head: transformers' class of that name holds the base model as `bert` / `transformer`, so
     # its checkpoints put the table's base_prefix on base-model keys
     checkpoint_prefixed = False
+    # the class's output layer is the word-embedding matrix unless config.tie_word_embeddings is false (LM heads)
+    tied_output_layer = False
 
     @classmethod
     def from_pretrained(cls, name_or_path, *, dtype: torch.dtype | str | None = None, device=None,
@@ -33,19 +36,29 @@ class PretrainedModel(HookedModel):
         `kwargs_for_checkpoint`). Raises CheckpointError / ConfigError naming the culprit; no partly loaded
         model is ever returned. The model comes back in eval mode; `model.loading_info` tells what was loaded
         and what was skipped.
-        """
-        from weight_mapping import check_layer_count, load_state, open_checkpoint
 
+        Tied weights (the LM head / MLM decoder and the word embeddings): tied as config.json's tie_word_embeddings
+        says, except where it ties them and the file holds two different tensors. transformers 5 then keeps both
+        (with a warning), and so do we: the model is built untied, its `config.tie_word_embeddings` is False (and
+        is saved so), and `loading_info.notes` says why.
+        """
+        from weight_mapping import check_layer_count, load_state, open_checkpoint, tied_twins
+
+        table = cls.mapping_table
         checkpoint = open_checkpoint(name_or_path)
         config = cls.config_class.from_json_file(checkpoint.config_path)
-        check_layer_count(cls.mapping_table, checkpoint, getattr(config, cls.mapping_table.layers_field))
+        check_layer_count(table, checkpoint, getattr(config, table.layers_field))
+        tied = config.tie_word_embeddings
+        twins = tied_twins(table, checkpoint) if tied else {}  # reads a pair only where the file holds both
+        if cls.tied_output_layer and not all(twins.values()):
+            config = dataclasses.replace(config, tie_word_embeddings=False)
         model_kwargs = cls.kwargs_for_checkpoint(checkpoint.keys()) | model_kwargs
         with torch.device("meta"), _SkipInit():  # shapes only: every tensor is replaced by the checkpoint's below
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
-        state, info = load_state(cls.mapping_table, checkpoint, expected,
-                                 getattr(config, cls.mapping_table.layers_field), model_name=cls.__name__,
-                                 dtype=as_dtype(dtype), device=device)
+        state, info = load_state(table, checkpoint, expected, getattr(config, table.layers_field),
+                                 model_name=cls.__name__, tied=tied, twins=twins, dtype=as_dtype(dtype),
+                                 device=device)
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, name_or_path, info.summary())

@@ -6,10 +6,10 @@ huggingface_hub only.
 
 from .bert import BERT
 from .gpt2 import GPT2
-from .loading import LoadingInfo, check_layer_count, load_state
+from .loading import LoadingInfo, check_layer_count, load_state, tied_twins
 from .readers import Checkpoint, CheckpointError, open_checkpoint
 from .saving import checkpoint_state, staged, write_checkpoint
 from .table import MappingTable, Row
 
 __all__ = ["BERT", "GPT2", "Checkpoint", "CheckpointError", "LoadingInfo", "MappingTable", "Row", "check_layer_count",
-           "checkpoint_state", "load_state", "open_checkpoint", "staged", "write_checkpoint"]
+           "checkpoint_state", "load_state", "open_checkpoint", "staged", "tied_twins", "write_checkpoint"]

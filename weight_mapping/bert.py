@@ -31,11 +31,14 @@ BERT = MappingTable(
         # pooler: tanh(dense(hidden state of the first token))
         Row("pooler.dense",                              "pooler.dense",                      WEIGHT_BIAS),
         Row("pooler",                                    "pooler.out",       compare=True),
-        # masked-LM head (BertForMaskedLM, BertForPreTraining); its decoder weight is the word embeddings
+        # masked-LM head (BertForMaskedLM, BertForPreTraining); its decoder is the word embeddings and `bias` (tied,
+        # see `aliases`), or with tie_word_embeddings false a Linear of its own (then `bias` is unused, as in
+        # transformers)
         Row("cls.predictions.transform.dense",           "mlm_head.dense",                    WEIGHT_BIAS, head=True),
         Row("cls.predictions.transform.LayerNorm",       "mlm_head.norm",                     WEIGHT_BIAS, head=True,
             legacy=True),
         Row("cls.predictions",                           "mlm_head",                          ("bias",), head=True),
+        Row("cls.predictions.decoder",                   "mlm_head.decoder",                  WEIGHT_BIAS, head=True),
         # `cls` returns the logits: MLM scores in BertForMaskedLM, next-sentence scores in BertForNextSentencePrediction
         Row("cls",                                       "logits",           compare=True, head=True),
         # next-sentence head (BertForPreTraining, BertForNextSentencePrediction): Linear(h, 2) on the pooler output
@@ -60,9 +63,9 @@ BERT = MappingTable(
         "embeddings.token_type_ids": "buffer: all-zero default token types, recomputed",
     },
     aliases={
-        # tied to the word embeddings; safetensors files may carry either name of the pair, or both
+        # tied while config.tie_word_embeddings: files may carry either name of a pair, or both (bert-base-uncased
+        # stores the decoder weight, equal to the word embeddings)
         "cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
-        # transformers ties the decoder's bias to cls.predictions.bias
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     },
     # bert-base-uncased was saved from BertForPreTraining: `bert.` on every base key, the decoder weight stored

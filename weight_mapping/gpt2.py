@@ -33,7 +33,9 @@ GPT2 = MappingTable(
         # final LayerNorm: transformers' last hidden state
         Row("ln_f",                          "norm_f",                  WEIGHT_BIAS),
         Row("ln_f",                          "ln_f",             compare=True),
-        # LM head (GPT2LMHeadModel, GPT2DoubleHeadsModel): no tensors of its own, its weight is wte's
+        # LM head (GPT2LMHeadModel, GPT2DoubleHeadsModel): its weight is wte's (tied, see `aliases`), or with
+        # tie_word_embeddings false a matrix of its own
+        Row("lm_head",                       "lm_head",                 WEIGHT, head=True),
         Row("lm_head",                       "logits",           compare=True, head=True),
         # task heads (scratch_models/gpt2_heads.py), one class each; a class without a head's module skips its rows.
         # Compared where transformers has a module of the same output: the sequence classifier's per-position
@@ -55,7 +57,8 @@ GPT2 = MappingTable(
         "h.{i}.attn.masked_bias": "buffer: the old masking constant (-1e4), unused",
     },
     aliases={
-        # tied to the token embeddings; the hub's gpt2 file has no lm_head.weight, transformers' .bin saves do
+        # tied to the token embeddings while config.tie_word_embeddings: the hub's gpt2 file has no lm_head.weight,
+        # transformers' .bin saves hold it equal to wte
         "lm_head.weight": "wte.weight",
     },
     # as the hub's gpt2 file: no prefix, no lm_head.weight (its h.{i}.attn.bias masks are not written back)

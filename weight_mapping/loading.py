@@ -21,6 +21,7 @@ class LoadingInfo:
     ignored: dict[str, str]  # checkpoint key -> why it was not loaded
     legacy_names: int  # keys that used an old spelling (gamma/beta)
     prefixed: bool  # keys carried the base-model prefix ("bert.")
+    notes: list[str] = dataclasses.field(default_factory=list)  # what else was decided (a tied pair loaded untied)
 
     def summary(self) -> str:
         lines = [f"loaded {len(self.loaded)} tensors from {', '.join(self.files)}"]
@@ -28,14 +29,34 @@ class LoadingInfo:
             lines.append("checkpoint saved from a model with heads (base-model prefix stripped)")
         if self.legacy_names:
             lines.append(f"{self.legacy_names} tensors used legacy names (gamma/beta), renamed")
+        lines += self.notes
         lines += [f"ignored {key}: {why}" for key, why in self.ignored.items()]
         return "\n".join(lines)
 
 
+def tied_twins(table: MappingTable, checkpoint: Checkpoint) -> dict[str, bool]:
+    """For each tied pair of `table.aliases` whose two tensors the checkpoint both holds: alias -> whether they are
+    equal (shape and every value, torch.equal, as transformers 5 compares them). Only those tensors are read."""
+    key_of = {table.normalize(key): key for key in checkpoint.keys()}
+    return {alias: _equal(checkpoint.tensor(key_of[alias]), checkpoint.tensor(key_of[twin]))
+            for alias, twin in table.aliases.items() if alias in key_of and twin in key_of}
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b.to(a.dtype))
+
+
 def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, torch.Size], num_layers: int,
-               *, model_name: str, dtype: torch.dtype | None = None, device=None
-               ) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
+               *, model_name: str, tied: bool = True, twins: dict[str, bool] | None = None,
+               dtype: torch.dtype | None = None, device=None) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
     """Our tensor name -> tensor for every name in `expected`, read from `checkpoint` through `table`.
+
+    `tied`: the checkpoint's config.json ties the pairs of `table.aliases` (tie_word_embeddings), as transformers 5
+    reads it: a tensor absent from the file is then read from its twin, and one our model holds no tensor for is a
+    "duplicate" only when equal to its twin. A tensor our model holds for it (an untied head) loads as its own,
+    whatever `tied` says: when config.json ties the pair and the file holds two different tensors, that is how
+    transformers 5 loads them, and a note says so. The caller builds the model untied then (see
+    PretrainedModel.from_pretrained). `twins`: tied_twins(table, checkpoint), where the caller has it already.
 
     Raises CheckpointError listing every missing, unexpected or mis-shaped tensor, or naming a tensor that is not
     floating point; nothing is returned then. Without `dtype`, every tensor must be stored in the same dtype
@@ -45,24 +66,43 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
     skipped = table.ignored_keys(num_layers)
     keys = checkpoint.keys()
     normalized = {key: table.normalize(key) for key in keys}
-    present = set(normalized.values())
+    key_of = {name: key for key, name in normalized.items()}
+    aliases = table.aliases if tied else {}
+    twin_of = aliases | {twin: alias for alias, twin in aliases.items()}  # both ways: either may stand for the other
+    if not tied:
+        twins = {}
+    elif twins is None:
+        twins = tied_twins(table, checkpoint)
 
     sources: dict[str, str] = {}  # our name -> checkpoint key
     ignored: dict[str, str] = {}
     unexpected: list[str] = []
+    notes: list[str] = []
+    spare: list[str] = []  # tied tensors our model holds none for: each may stand for its twin
     for key, name in normalized.items():
+        target = ours_by_checkpoint.get(name)
         if name in skipped:
             ignored[key] = skipped[name]
-        elif name in table.aliases and table.aliases[name] in present:
-            ignored[key] = f"duplicate of {table.aliases[name]} (tied)"
-        elif (target := ours_by_checkpoint.get(table.aliases.get(name, name))) is None:
-            unexpected.append(key)
-        elif target not in expected:
-            ignored[key] = f"not part of {model_name}"
-        elif target in sources:
-            raise CheckpointError(f"{checkpoint.source}: {key!r} and {sources[target]!r} both map to {target!r}")
-        else:
+        elif target in expected:
+            if target in sources:
+                raise CheckpointError(f"{checkpoint.source}: {key!r} and {sources[target]!r} both map to {target!r}")
             sources[target] = key
+            if twins.get(name) is False:
+                notes.append(f"config.json ties {key} to {key_of[aliases[name]]}, but the file holds two different "
+                             "tensors: loaded untied, as transformers 5 does")
+        elif target is None and name not in twin_of:
+            unexpected.append(key)
+        else:
+            spare.append(key)
+    for name, twin in twin_of.items():  # a tied tensor the file lacks is its twin (a safetensors save keeps one)
+        target = ours_by_checkpoint.get(name)
+        if target in expected and target not in sources and twin in key_of:
+            sources[target] = key_of[twin]
+    used = set(sources.values())
+    for key in spare:
+        name = normalized[key]
+        if key not in used:  # a duplicate only when equal: two different tensors are never called one
+            ignored[key] = f"duplicate of {aliases[name]} (tied)" if twins.get(name) else f"not part of {model_name}"
 
     missing = [name for name in expected if name not in sources]
     misshaped = [(key, checkpoint.shape(key), tuple(expected[name])) for name, key in sources.items()
@@ -73,6 +113,7 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
 
     state = {}
     stored: dict[torch.dtype, str] = {}  # dtype as stored -> the first key stored in it
+    held: set[int] = set()  # the storages handed out
     for name, key in sources.items():
         tensor = checkpoint.tensor(key)
         if not tensor.is_floating_point():
@@ -81,7 +122,12 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         stored.setdefault(tensor.dtype, key)
         if dtype is not None:
             tensor = tensor.to(dtype)
-        state[name] = tensor.to(device) if device is not None else tensor
+        tensor = tensor.to(device) if device is not None else tensor
+        # no two of our tensors share memory, even where the file holds a tied pair the model keeps apart once (one
+        # key read for both, or a .bin's two keys on one storage)
+        storage = tensor.untyped_storage().data_ptr()
+        state[name] = tensor.clone() if storage in held else tensor
+        held.add(storage)
     if dtype is None and len(stored) > 1:
         raise CheckpointError(f"{checkpoint.source}: tensors are stored in several dtypes "
                               f"({', '.join(f'{d} such as {k!r}' for d, k in stored.items())}); "
@@ -93,6 +139,7 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         ignored=ignored,
         legacy_names=sum(1 for key in keys if key.rpartition(".")[2] in table.legacy_leaf_names),
         prefixed=any(key.startswith(table.base_prefix) for key in keys),
+        notes=notes,
     )
     return state, info
 

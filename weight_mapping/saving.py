@@ -1,9 +1,9 @@
 """Our model -> a checkpoint: the mapping table run backwards, and a writer that never leaves half a checkpoint.
 
 The layout is the one transformers 5 writes with `save_pretrained`: modern names, the base prefix only for a
-model with a head, no buffers, and no tied tensors (the MLM decoder and GPT-2's lm_head are the embeddings).
-`legacy=True` writes the original release's layout instead (bert-base-uncased: `bert.` everywhere, gamma/beta,
-the decoder weight stored).
+model with a head, no buffers, and no tied tensors (a tied MLM decoder or lm_head is the embeddings; an untied one
+is a tensor of the model's own, written as any other). `legacy=True` writes the original release's layout instead
+(bert-base-uncased: `bert.` everywhere, gamma/beta, the decoder weight stored).
 """
 
 import contextlib
@@ -47,7 +47,8 @@ def checkpoint_state(table: MappingTable, state: dict[str, torch.Tensor], num_la
         written[f"{row.checkpoint}.{leaf}"] = key
     heads = {row.checkpoint for row, _ in map(rows.get, state) if row.head}
     for alias in table.legacy_copies if legacy else ():
-        if any(alias.startswith(f"{module}.") for module in heads):  # the head it belongs to is written
+        # the head it belongs to is written, and ties it (an untied head wrote a tensor of its own above)
+        if any(alias.startswith(f"{module}.") for module in heads) and alias not in written:
             out[alias] = out[written[table.aliases[alias]]].clone()  # a head key: outside the base prefix
     return out
 

@@ -32,10 +32,13 @@ class MappingTable:
     layers_field: str  # config field that says how many times "{i}" rows repeat
     legacy_leaf_names: dict  # old tensor leaf name -> current one ("gamma" -> "weight")
     ignored: dict  # checkpoint key ("{i}" for every layer) -> why it is not a weight (buffers transformers recomputes)
-    aliases: dict  # checkpoint key -> the key it duplicates (tied weights), used only when that key is absent
+    # Tied weights: checkpoint key -> the key it is tied to while config.tie_word_embeddings (see load_state). Either
+    # may stand for the other when absent; both present and equal, one is a duplicate; both present and different,
+    # the model is built untied (as transformers 5 loads them), and the alias loads into its own row's tensor.
+    aliases: dict
     # The original release's layout, written by save_pretrained(legacy=True):
     legacy_prefixed: bool  # base-model keys carry base_prefix whatever the model class
-    legacy_copies: tuple[str, ...]  # aliases stored as a copy of the tensor they duplicate
+    legacy_copies: tuple[str, ...]  # aliases stored as a copy of the tensor they are tied to (when the model ties)
 
     def expand(self, num_layers: int) -> list[Row]:
         """The rows with "{i}" filled in for every layer, in table order."""

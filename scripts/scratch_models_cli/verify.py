@@ -146,7 +146,7 @@ def _compare_base(family: Family, source, reference_dir, rows, inputs, device, d
     dtype = dtype or torch.float32
     ours = family.base.from_pretrained(source, dtype=dtype, device=device)
     name = family.base.__name__
-    notes += [f"{name}: ignored {key} ({why})" for key, why in ours.loading_info.ignored.items()]
+    notes += _loading_notes(name, ours.loading_info)
     hook_names = set(ours.hook_names())
     notes += [f"{row.ours}: not in this checkpoint, not compared" for row in rows if row.ours not in hook_names]
     rows = [row for row in rows if row.ours in hook_names]
@@ -168,7 +168,7 @@ def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype
     dtype = dtype or torch.float32
     name = head.__name__
     ours = head.from_pretrained(source, dtype=dtype, device=device)
-    notes += [f"{name}: ignored {key} ({why})" for key, why in ours.loading_info.ignored.items()]
+    notes += _loading_notes(name, ours.loading_info)
     if name in MULTIPLE_CHOICE:
         inputs = {key: value[None] for key, value in inputs.items()}  # [1, choices, seq]
     if name == "GPT2ForSequenceClassification" and ours.config.pad_token_id is None and len(inputs["input_ids"]) > 1:
@@ -196,6 +196,12 @@ def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype
             atol, rtol = _half_logits_tolerance(field, mine[field], theirs[field], exact[field], dtype, notes)
         rows.append(compare(field, f"{name}.{field}", mine[field], theirs[field], atol, rtol))
     return rows
+
+
+def _loading_notes(name: str, info) -> list[str]:
+    """What loading decided beyond the plain rename: tensors left out, and pairs loaded untied."""
+    return [f"{name}: {note}" for note in info.notes] + [f"{name}: ignored {key} ({why})"
+                                                          for key, why in info.ignored.items()]
 
 
 def _tolerance(row, dtype) -> tuple[float, float]:
