@@ -1,7 +1,7 @@
 """BERT (Devlin et al., 2018) from the math, in the shape of the checkpoints it loads.
 
     embeddings = LayerNorm(word[id] + token_type[type] + position[pos])
-    each layer (post-LN):  x = LayerNorm(x + SelfAttention(x));  x = LayerNorm(x + W2 act(W1 x))
+    encoder, each layer (post-LN):  x = LayerNorm(x + SelfAttention(x));  x = LayerNorm(x + W2 act(W1 x))
     pooler     = tanh(W h[CLS])
     MLM head   = LayerNorm(act(W h)) @ word_embeddingsᵀ + bias  (a decoder of its own when the config unties it)
 
@@ -119,6 +119,26 @@ class BertLayer(nn.Module):
         return self.out(self.mlp(x)), probs
 
 
+class BertEncoder(nn.Module):
+    """The stack of layers, each reading the one before. Its hook points are named from the stack down
+    (`layers.3.attn.probs`, as in GPT-2), not `encoder.layers.3...`: see HookedModel.hook_points."""
+
+    hook_names_skip_me = True
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x, mask, need_probs: bool) -> tuple[list, list]:
+        """-> (the embeddings' output and every layer's, [b, s, h] each; every layer's probs or None)."""
+        hidden_states, attentions = [x], []
+        for layer in self.layers:
+            x, probs = layer(x, mask, need_probs)
+            hidden_states.append(x)
+            attentions.append(probs)
+        return hidden_states, attentions
+
+
 class BertPooler(nn.Module):
     """tanh(W h + b) on the first token's final hidden state (the [CLS] token)."""
 
@@ -160,8 +180,13 @@ class BertModel(PretrainedModel):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
-        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The encoder's layers (model.layers[3], as in GPT2Model)."""
+        return self.encoder.layers
 
     @classmethod
     def kwargs_for_checkpoint(cls, keys):
@@ -195,11 +220,8 @@ class BertModel(PretrainedModel):
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = padding_mask(attention_mask)  # built once, shared by every layer
-        hidden_states, attentions = [x], []
-        for layer in self.layers:
-            x, probs = layer(x, mask, need_probs=output_attentions)
-            hidden_states.append(x)
-            attentions.append(probs)
+        hidden_states, attentions = self.encoder(x, mask, need_probs=output_attentions)
+        x = hidden_states[-1]
         return BaseModelOutputWithPooling(
             last_hidden_state=x,
             pooler_output=self.pooler(x) if self.pooler is not None else None,

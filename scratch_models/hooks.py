@@ -1,7 +1,8 @@
 """Named hook points: read any intermediate tensor by name, or replace it.
 
 A `HookPoint` is an identity placed on a tensor inside a forward pass. Its name is its path in the module tree
-(`layers.3.attn.probs`), so names are stable and need no second list. With nobody listening it returns its
+(`layers.3.attn.probs`; a pure container such as BertEncoder is left out), so names are stable and need no second
+list. With nobody listening it returns its
 input after one attribute test: `__call__` is overridden to skip nn.Module's call machinery.
 """
 
@@ -35,7 +36,20 @@ class HookedModel(nn.Module):
     """Adds `hook_names`, `run_with_cache`, `run_with_hooks` and `hooks` to a model built of HookPoints."""
 
     def hook_points(self) -> dict[str, HookPoint]:
-        return {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+        """Hook name -> HookPoint, in forward order. A name is the point's path in the module tree, less the
+        path segment of any container that sets `hook_names_skip_me` (BertEncoder), so names stay short and read
+        alike in both families: `layers.3.attn.probs`."""
+        modules = dict(self.named_modules())
+        skipped = [name for name, m in modules.items() if getattr(m, "hook_names_skip_me", False)]
+
+        def short(name):
+            for container in skipped:
+                if name.startswith(f"{container}."):
+                    parent = container.rpartition(".")[0]
+                    name = (f"{parent}." if parent else "") + name[len(container) + 1:]
+            return name
+
+        return {short(name): m for name, m in modules.items() if isinstance(m, HookPoint)}
 
     def hook_names(self) -> list[str]:
         """Every hook point's name, in the order the forward pass reaches them."""

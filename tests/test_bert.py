@@ -171,3 +171,23 @@ def test_mlm_checkpoint_into_bertmodel_has_no_invented_pooler(tmp_path):
     assert out.pooler_output is None
     with pytest.raises(ValueError, match=r"pooler\.dense\.weight \(48, 48\)"):
         BertModel.from_pretrained(tmp_path, add_pooling_layer=True)
+
+
+def test_the_card_shape_embeddings_encoder_pooler_with_short_hook_names():
+    """BertEmbeddings -> BertEncoder (owning the layer stack) -> BertPooler, as classes; hook points are named
+    from the stack down, as in GPT-2, while parameters keep their full path."""
+    from scratch_models import BertConfig
+    from scratch_models.bert import BertEmbeddings, BertEncoder, BertPooler
+
+    model = BertModel(BertConfig(vocab_size=11, hidden_size=6, num_hidden_layers=2, num_attention_heads=3,
+                                 intermediate_size=5))
+    assert [type(m) for m in model.children()] == [BertEmbeddings, BertEncoder, BertPooler]
+    assert model.layers is model.encoder.layers and len(model.layers) == 2
+    names = model.hook_names()
+    assert "layers.1.attn.probs" in names and not any(name.startswith("encoder.") for name in names)
+    assert names.index("embeddings.out") < names.index("layers.0.attn.q") < names.index("layers.1.out") \
+        < names.index("pooler.out")
+    assert "encoder.layers.1.attn.query.weight" in model.state_dict()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([[1, 2, 3]]), names=["layers.1.out"])
+    assert cache["layers.1.out"].shape == (1, 3, 6)

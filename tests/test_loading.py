@@ -108,7 +108,7 @@ def test_missing_unexpected_and_misshaped_tensors_are_all_listed(tmp_path):
         BertModel.from_pretrained(tmp_path)
     message = str(error.value)
     assert "encoder.layer.0.intermediate.dense.weight: (36, 48) in the checkpoint, (37, 48) expected" in message
-    assert "encoder.layer.0.attention.self.key.bias (48,) (our layers.0.attn.key.bias)" in message
+    assert "encoder.layer.0.attention.self.key.bias (48,) (our encoder.layers.0.attn.key.bias)" in message
     assert "encoder.layer.0.attention.self.extra.weight (2, 3)" in message
 
 

@@ -15,18 +15,19 @@ BERT = MappingTable(
         Row("embeddings.token_type_embeddings",          "embeddings.token_type_embeddings",  WEIGHT),
         Row("embeddings.LayerNorm",                      "embeddings.norm",                   WEIGHT_BIAS, legacy=True),
         Row("embeddings",                                "embeddings.out",   compare=True, boundary=True),
-        # one encoder layer, post-LN: x = LN(x + attention(x)); x = LN(x + FFN(x))
-        Row("encoder.layer.{i}.attention.self.query",    "layers.{i}.attn.query",             WEIGHT_BIAS),
-        Row("encoder.layer.{i}.attention.self.key",      "layers.{i}.attn.key",               WEIGHT_BIAS),
-        Row("encoder.layer.{i}.attention.self.value",    "layers.{i}.attn.value",             WEIGHT_BIAS),
+        # one encoder layer, post-LN: x = LN(x + attention(x)); x = LN(x + FFN(x)). Our parameters sit in
+        # BertEncoder (`encoder.layers.{i}`); hook points, which the compared rows name, leave `encoder.` out
+        Row("encoder.layer.{i}.attention.self.query",    "encoder.layers.{i}.attn.query",     WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.self.key",      "encoder.layers.{i}.attn.key",       WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.self.value",    "encoder.layers.{i}.attn.value",     WEIGHT_BIAS),
         Row("encoder.layer.{i}.attention.self",          "layers.{i}.attn.probs",  compare=True, pick=1),
-        Row("encoder.layer.{i}.attention.output.dense",  "layers.{i}.attn.dense",             WEIGHT_BIAS),
-        Row("encoder.layer.{i}.attention.output.LayerNorm", "layers.{i}.attn.norm",           WEIGHT_BIAS, legacy=True),
+        Row("encoder.layer.{i}.attention.output.dense",  "encoder.layers.{i}.attn.dense",     WEIGHT_BIAS),
+        Row("encoder.layer.{i}.attention.output.LayerNorm", "encoder.layers.{i}.attn.norm",   WEIGHT_BIAS, legacy=True),
         Row("encoder.layer.{i}.attention",               "layers.{i}.attn.out",    compare=True, pick=0),
-        Row("encoder.layer.{i}.intermediate.dense",      "layers.{i}.mlp.up",                 WEIGHT_BIAS),
+        Row("encoder.layer.{i}.intermediate.dense",      "encoder.layers.{i}.mlp.up",         WEIGHT_BIAS),
         Row("encoder.layer.{i}.intermediate",            "layers.{i}.mlp.post_act", compare=True),
-        Row("encoder.layer.{i}.output.dense",            "layers.{i}.mlp.down",               WEIGHT_BIAS),
-        Row("encoder.layer.{i}.output.LayerNorm",        "layers.{i}.mlp.norm",               WEIGHT_BIAS, legacy=True),
+        Row("encoder.layer.{i}.output.dense",            "encoder.layers.{i}.mlp.down",       WEIGHT_BIAS),
+        Row("encoder.layer.{i}.output.LayerNorm",        "encoder.layers.{i}.mlp.norm",       WEIGHT_BIAS, legacy=True),
         Row("encoder.layer.{i}",                         "layers.{i}.out",   compare=True, boundary=True),
         # pooler: tanh(dense(hidden state of the first token))
         Row("pooler.dense",                              "pooler.dense",                      WEIGHT_BIAS),

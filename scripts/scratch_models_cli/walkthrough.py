@@ -266,7 +266,7 @@ $`1/\\sqrt{{d}}`$ = `head_dim ** -0.5`:
 **Checkpoint keys.** `{{i}}` is the layer index; the shapes are those of layer 0 in the MiniLM file (every layer
 is alike). `nn.Linear` stores its weight as [out, in].
 
-{_bert_keys(runs, ["layers.{i}.attn.query", "layers.{i}.attn.key", "layers.{i}.attn.value"])}
+{_bert_keys(runs, ["encoder.layers.{i}.attn.query", "encoder.layers.{i}.attn.key", "encoder.layers.{i}.attn.value"])}
 
 **Real numbers.** In layer {LAYER}, head {HEAD}, the query of the second `flies` (position {query}) starts with
 {_vec(q[HEAD, query, :4])} and its own key with {_vec(k[HEAD, query, :4])}; each has {d} components
@@ -339,7 +339,7 @@ the same two lines):
 
 **Checkpoint keys.** $`W^O`$ and its bias:
 
-{_bert_keys(runs, ["layers.{i}.attn.dense"])}
+{_bert_keys(runs, ["encoder.layers.{i}.attn.dense"])}
 
 **Real numbers.** In layer {LAYER}, the query projection of the whole sentence pair is
 {_shape(projected.shape)}; after `split_heads`, `layers.{LAYER}.attn.q` is {_shape(q.shape)}, and the context
@@ -534,7 +534,7 @@ post-LN every layer's output is normalised, so nothing grows from layer to layer
 **Checkpoint keys, BERT.** LayerNorm's $`\\gamma`$ and $`\\beta`$ are `weight` and `bias`; checkpoints from the
 TensorFlow era, `bert-base-uncased` among them, still call them `gamma` and `beta`, and the loader renames them:
 
-{_bert_keys(runs, ["embeddings.norm", "layers.{i}.attn.norm", "layers.{i}.mlp.norm"])}
+{_bert_keys(runs, ["embeddings.norm", "encoder.layers.{i}.attn.norm", "encoder.layers.{i}.mlp.norm"])}
 
 **Checkpoint keys, GPT-2.** Our modules are `norm_1`, `norm_2`, `norm_f`; the checkpoint's names `ln_1`, `ln_2`,
 `ln_f` are the hook points on their outputs.
@@ -639,7 +639,7 @@ was trained with, so both are kept.
 
 **Checkpoint keys.** The activation has no weights; the layers around it do:
 
-{_bert_keys(runs, ["layers.{i}.mlp.up", "layers.{i}.mlp.down"])}
+{_bert_keys(runs, ["encoder.layers.{i}.mlp.up", "encoder.layers.{i}.mlp.down"])}
 
 {_gpt2_keys(runs, ["layers.{i}.mlp.c_fc", "layers.{i}.mlp.c_proj"])}
 
