@@ -274,3 +274,18 @@ def test_convert_errors(tmp_path, bert_source, capsys):
     assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
     assert "nowhere: no such file or directory" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["used"]
+
+
+def test_bert_model_without_a_pooler_exports_for_transformers_with_add_pooling_layer_false(tmp_path, bert_source):
+    """transformers' BertModel has no config switch for the pooler: AutoModel reads our pooler-less export cleanly
+    with add_pooling_layer=False (as the README says), and gives our numbers."""
+    _, source = bert_source
+    masked_lm = BertForMaskedLM.from_pretrained(source)
+    masked_lm.save_pretrained(tmp_path / "mlm")
+    model = BertModel.from_pretrained(tmp_path / "mlm")
+    assert model.pooler is None
+    model.save_pretrained(tmp_path / "out")
+    theirs, info = transformers.AutoModel.from_pretrained(tmp_path / "out", output_loading_info=True,
+                                                          add_pooling_layer=False, attn_implementation="eager")
+    assert clean(info) == {} and theirs.pooler is None
+    assert_same_outputs(model, theirs.eval(), BERT_INPUTS)
