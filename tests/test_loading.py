@@ -205,3 +205,13 @@ def test_cuda_parity_against_transformers_same_dtype(dtype):
 
     report = verify(device="cuda", dtype=dtype)
     assert report.passed, report.format()
+
+
+def test_skipped_tests_say_why_without_asking(tmp_path):
+    """The README's test command prints each skip's reason: pyproject's pytest options ask for it."""
+    (tmp_path / "test_skips.py").write_text("import pytest\n\n\ndef test_needs_a_gpu():\n"
+                                            "    pytest.skip('no CUDA device on this machine')\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
+                           str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_skips.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert "SKIPPED [1] " in done.stdout and "no CUDA device on this machine" in done.stdout, done.stdout

@@ -77,3 +77,19 @@ def test_the_check_reports_an_edited_page_and_a_missing_picture(tmp_path, monkey
     monkeypatch.setattr(docs, "DOCS", tmp_path)
     stale = docs.write_docs(check=True)
     assert stale == [tmp_path / "walkthrough.md", *image_paths(PAGE.read_text(encoding="utf-8"), tmp_path)]
+
+
+def test_the_gelu_section_says_which_gelu_bert_was_trained_with_and_how_far_transformers_is_from_it():
+    """Original BERT (and GPT-2) trained with the tanh GELU; transformers runs BERT with the exact one. The page
+    says so, with the largest gap between the two, which it measures."""
+    import torch
+
+    from scratch_models import activations
+
+    page = PAGE.read_text(encoding="utf-8")
+    section = page[page.index("## 6. GELU"):page.index("## 7.")]
+    assert "both models were trained with it" in section and "google-research/bert" in section
+    line = torch.linspace(-10, 10, 20001, dtype=torch.float64)
+    gap = float((activations.gelu_new(line) - activations.gelu(line)).abs().max())
+    assert 4e-4 < gap < 5e-4
+    assert f"never differ by more than\n{gap:.1e}" in section

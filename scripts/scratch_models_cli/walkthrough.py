@@ -624,10 +624,13 @@ through a little:
 \\approx \\frac{{x}}{{2}}\\left(1 + \\tanh\\!\\left(\\sqrt{{2/\\pi}}\\,\\left(x + 0.044715\\,x^3\\right)\\right)\\right)
 ```
 
-The tanh form was cheaper when BERT and GPT-2 were trained. BERT's `config.json` says `"hidden_act": "gelu"`
-(the exact one); GPT-2's says `"activation_function": "gelu_new"` (the tanh one). They never differ by more than
-{_num(curve_gap)} (the largest gap over $`x \\in [-10, 10]`$), but a model is only bit-exact with the function it
-was trained with, so both are kept.
+The tanh form was cheaper, and both models were trained with it: the original BERT code (google-research/bert,
+`modeling.py`) computes GELU with the tanh formula, as OpenAI's GPT-2 code does. BERT's `config.json` says
+`"hidden_act": "gelu"` all the same, which transformers computes, and so do we to match it, with the exact erf
+form; GPT-2's says `"activation_function": "gelu_new"` (the tanh one). The two never differ by more than
+{float(curve_gap):.1e} (the largest gap over $`x \\in [-10, 10]`$): BERT in transformers runs a function up to
+that far from the one it was trained with.
+Both are kept, so that each checkpoint computes exactly what transformers computes for it.
 
 **Code.** Each name a config can use maps to its formula:
 
