@@ -262,3 +262,19 @@ def test_convert_keeps_the_head_and_transformers_reads_the_same_class(tmp_path, 
     back = getattr(transformers, class_name).from_pretrained(tmp_path / "out").eval()
     for name, tensor in reference.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+    (["--temperature", "0.7"], "--temperature shape sampling, which is off: add --do-sample"),
+    (["--top-k", "5", "--top-p", "0.9"], "--top-k and --top-p shape sampling, which is off: add --do-sample"),
+    (["--do-sample", "--temperature", "0"], "--temperature must be > 0, got 0.0"),
+    (["--do-sample", "--top-k", "0"], "--top-k must be at least 1, got 0"),
+    (["--do-sample", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+])
+def test_cli_generate_names_its_flags_and_refuses_sampling_flags_without_sampling(tiny_gpt2, capsys, flags, message):
+    directory, _, _ = tiny_gpt2
+    assert main(["generate", str(directory), "Once upon a time", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"scratch-models generate: error: {message}" + (" (without it the most likely token is taken)"
+                                                                    if "add --do-sample" in message else "")

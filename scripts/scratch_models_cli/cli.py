@@ -119,6 +119,7 @@ def _generate(args) -> int:
 
     from .families import require_tokenizer
 
+    _check_generate_flags(args)
     tokenizer = require_tokenizer(args.model)
     lm = GPT2LMHeadModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     input_ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(args.device)
@@ -127,6 +128,24 @@ def _generate(args) -> int:
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
                 streamer=TextStreamer(tokenizer))
     return 0
+
+
+def _check_generate_flags(args) -> None:
+    """The flags by their own names, before anything loads (generate itself names its Python arguments)."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    sampling = [flag for flag, value, default in (("--temperature", args.temperature, 1.0),
+                                                  ("--top-k", args.top_k, None), ("--top-p", args.top_p, None))
+                if value != default]
+    if sampling and not args.do_sample:
+        raise ValueError(f"{' and '.join(sampling)} shape sampling, which is off: add --do-sample (without it the "
+                         "most likely token is taken)")
+    if not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
 def _inspect(args) -> int:
