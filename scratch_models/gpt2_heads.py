@@ -48,15 +48,15 @@ class GPT2ForSequenceClassification(GPT2Model):
         check_ids("input_ids", input_ids, self.config.vocab_size, "vocab_size")
         last = self.last_tokens(input_ids)  # checked before the forward pass, which would extend a cache
         if labels is not None:
-            check_classification_labels(labels, (len(last), self.config.num_labels), self.config.num_labels,
-                                        self.config.problem_type)
+            problem_type = check_classification_labels(labels, (len(last), self.config.num_labels),
+                                                       self.config.num_labels, self.config.problem_type)
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         token_logits = self.token_logits(self.score(out.last_hidden_state))
         logits = self.logits(token_logits[torch.arange(len(last), device=last.device), last])
         loss = None
         if labels is not None:
-            loss = classification_loss(logits, labels, self.config.num_labels, self.config.problem_type)
+            loss = classification_loss(logits, labels, self.config.num_labels, problem_type, checked=True)
         return SequenceClassifierOutputWithPast(logits=logits, loss=loss, past_key_values=out.past_key_values,
                                                 hidden_states=out.hidden_states, attentions=out.attentions)
 
@@ -224,7 +224,7 @@ class GPT2DoubleHeadsModel(GPT2Model):
             loss = F.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]),
                                    labels[..., 1:].long().reshape(-1), ignore_index=-100)
         if mc_labels is not None:
-            mc_loss = cross_entropy(mc_logits, mc_labels, "mc_labels", classes="the number of choices")
+            mc_loss = cross_entropy(mc_logits, mc_labels, checked=True)
         hidden_states = (*out.hidden_states[:-1], hidden) if output_hidden_states else None
         return GPT2DoubleHeadsModelOutput(logits=logits, mc_logits=mc_logits, loss=loss, mc_loss=mc_loss,
                                           past_key_values=out.past_key_values, hidden_states=hidden_states,

@@ -18,23 +18,27 @@ from .tracing import is_tracing
 IGNORE = -100  # a class index that is not scored (cross-entropy's default ignore_index, as in transformers)
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, name: str = "labels",
-                  classes: str = "num_labels") -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, name: str = "labels", classes: str = "num_labels",
+                  *, checked: bool = False) -> torch.Tensor:
     """Mean cross-entropy of logits [..., n] against class indices `labels` [...] (an integer tensor, each in
     0..n-1, or -100: not scored), as transformers' CrossEntropyLoss()(logits.view(-1, n), labels.view(-1)).
-    `name` and `classes` (what n counts) word the errors."""
-    check_ids(name, labels, logits.shape[-1], classes, shapes=(tuple(logits.shape[:-1]),), ignore=IGNORE)
+    `name` and `classes` (what n counts) word the errors; `checked`: the caller checked the labels already
+    (before a forward pass that extends a KV cache)."""
+    if not checked:
+        check_ids(name, labels, logits.shape[-1], classes, shapes=(tuple(logits.shape[:-1]),), ignore=IGNORE)
     # torch's cross-entropy takes int64 indices only (transformers fails on int32 labels); any integer type is fine
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long(), ignore_index=IGNORE)
 
 
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor, num_labels: int,
-                        problem_type: str | None) -> torch.Tensor:
+                        problem_type: str | None, *, checked: bool = False) -> torch.Tensor:
     """logits [..., num_labels]; labels [...] class indices (single-label), [..., num_labels] 0/1 targets
-    (multi-label), or [..., num_labels] values (regression; [...] too with one label)."""
-    problem_type = check_classification_labels(labels, tuple(logits.shape), num_labels, problem_type)
+    (multi-label), or [..., num_labels] values (regression; [...] too with one label). `checked`: the caller
+    checked the labels already, and `problem_type` is what check_classification_labels returned."""
+    if not checked:
+        problem_type = check_classification_labels(labels, tuple(logits.shape), num_labels, problem_type)
     if problem_type == "single_label_classification":
-        return cross_entropy(logits, labels)
+        return cross_entropy(logits, labels, checked=True)
     if problem_type == "regression":
         return F.mse_loss(logits.squeeze(), labels.squeeze()) if num_labels == 1 else F.mse_loss(logits, labels)
     return F.binary_cross_entropy_with_logits(logits, labels)

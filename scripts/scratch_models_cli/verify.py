@@ -152,10 +152,9 @@ def _compare_base(family: Family, source, reference_dir, rows, inputs, device, d
     rows = [row for row in rows if row.ours in hook_names]
     reference = getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="eager",
                                                             dtype=dtype).to(device).eval()
-    mine, theirs = capture_modules(family.table, ours, reference, rows, inputs, prefixed=False, isolate=isolate)
     notes.append(f"{name}: our explicit attention against transformers' eager {name}")
-    tolerances = {row.ours: _tolerance(row, dtype) for row in rows}
-    return _comparisons(family.table, rows, False, ours.hook_docs(), mine, theirs, tolerances, sighted)
+    return compare_modules(family.table, ours, reference, rows, inputs, prefixed=False, isolate=isolate, dtype=dtype,
+                           sighted=sighted)
 
 
 def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype, notes: list[str]
@@ -242,24 +241,20 @@ def compare_modules(table, ours, reference, rows, inputs: dict, *, prefixed: boo
 
     `prefixed`: the reference is a model with heads, whose base modules sit under the table's base prefix.
     """
-    mine, theirs = capture_modules(table, ours, reference, rows, inputs, prefixed=prefixed, isolate=isolate)
-    tolerances = {row.ours: _tolerance(row, dtype) for row in rows}
-    return _comparisons(table, rows, prefixed, ours.hook_docs(), mine, theirs, tolerances, sighted)
+    mine, theirs = _capture_modules(table, ours, reference, rows, inputs, prefixed=prefixed, isolate=isolate)
+    docs = ours.hook_docs()
 
-
-def _comparisons(table, rows, prefixed: bool, docs: dict, mine: dict, theirs: dict, tolerances: dict,
-                 sighted: torch.Tensor | None) -> list[Comparison]:
     def at(captured, name):
         return at_sighted(captured[name], docs[name], sighted)
 
     return [compare(row.ours, table.checkpoint_module(row, prefixed), at(mine, row.ours), at(theirs, row.ours),
-                    *tolerances[row.ours]) for row in rows]
+                    *_tolerance(row, dtype)) for row in rows]
 
 
-def capture_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool, isolate: bool = False
-                    ) -> tuple[dict, dict]:
-    """Run `reference` (transformers) and then `ours` (unless None) on `inputs`; return (ours, theirs), each our
-    hook name -> the output of that table row's module."""
+def _capture_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool, isolate: bool
+                     ) -> tuple[dict, dict]:
+    """Run `reference` (transformers) and then `ours` on `inputs`; return (ours, theirs), each our hook name ->
+    the output of that table row's module."""
     theirs: dict[str, torch.Tensor] = {}
     handles = []
     for row in rows:
@@ -280,9 +275,8 @@ def capture_modules(table, ours, reference, rows, inputs: dict, *, prefixed: boo
         return theirs[name] if isolate and name in boundaries else None
 
     boundaries = {row.ours for row in rows if row.boundary}
-    if ours is not None:
-        with torch.no_grad():
-            ours.run_with_hooks(**inputs, hooks=[(row.ours, record) for row in rows])
+    with torch.no_grad():
+        ours.run_with_hooks(**inputs, hooks=[(row.ours, record) for row in rows])
     return mine, theirs
 
 
