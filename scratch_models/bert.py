@@ -131,14 +131,16 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x, mask, need_probs: bool) -> tuple[list, list]:
-        """-> (the embeddings' output and every layer's, [b, s, h] each; every layer's probs or None)."""
-        hidden_states, attentions = [x], []
+    def forward(self, x, mask, need_probs: bool, keep_hidden: bool) -> tuple[torch.Tensor, list | None, list]:
+        """-> (the last layer's output; with keep_hidden the embeddings' output and every layer's, [b, s, h] each,
+        else None; every layer's probs or None)."""
+        hidden_states, attentions = ([x] if keep_hidden else None), []  # kept only when asked: each is [b, s, h]
         for layer in self.layers:
             x, probs = layer(x, mask, need_probs)
-            hidden_states.append(x)
+            if keep_hidden:
+                hidden_states.append(x)
             attentions.append(probs)
-        return hidden_states, attentions
+        return x, hidden_states, attentions
 
 
 class BertPooler(nn.Module):
@@ -222,8 +224,8 @@ class BertModel(PretrainedModel):
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = padding_mask(attention_mask)  # built once, shared by every layer
-        hidden_states, attentions = self.encoder(x, mask, need_probs=output_attentions)
-        x = hidden_states[-1]
+        x, hidden_states, attentions = self.encoder(x, mask, need_probs=output_attentions,
+                                                    keep_hidden=output_hidden_states)
         return BaseModelOutputWithPooling(
             last_hidden_state=x,
             pooler_output=self.pooler(x) if self.pooler is not None else None,

@@ -194,15 +194,17 @@ class GPT2Model(PretrainedModel):
         # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
         causal = attention_mask is None and past == 0
         mask = None if causal else causal_mask(attention_mask, seq, past, x.device)
-        hidden_states, attentions = [x], []
+        hidden_states, attentions = ([x] if output_hidden_states else None), []  # kept only when asked
         for layer in self.layers:
             x, probs = layer(x, mask, causal, cache, need_probs=output_attentions)
-            hidden_states.append(x)
+            if output_hidden_states:
+                hidden_states.append(x)
             attentions.append(probs)
         if cache is not None:
             cache.advance(seq)
         x = self.ln_f(self.norm_f(x))
-        hidden_states[-1] = x  # transformers' convention: the last hidden state is the one after ln_f
+        if output_hidden_states:
+            hidden_states[-1] = x  # transformers' convention: the last hidden state is the one after ln_f
         return BaseModelOutputWithPast(
             last_hidden_state=x,
             past_key_values=cache,

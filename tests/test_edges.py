@@ -1,17 +1,19 @@
 """Numbers at the edges, where a wrong answer would be silent: queries that see no key in half precision, graphs
-captured by torch.jit.trace and torch.export, hooks that return another tensor, and loading beside other threads.
+captured by torch.jit.trace and torch.export, hooks that return another tensor, what a forward keeps alive, and
+loading beside other threads.
 
 Gradients through padded batches are in test_training.py; verify in half precision in test_verify.py.
 """
 
 import threading
+import weakref
 
 import pytest
 import torch
 import transformers
 
 from helpers import LOGITS_ATOL, assert_parity, randomize_
-from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
+from scratch_models import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
 
 BERT = dict(vocab_size=53, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
             max_position_embeddings=24)
@@ -240,6 +242,30 @@ def test_hooks_that_keep_the_tensor_like_still_chain_and_edit(saved):
             ("layers.1.attn.probs", lambda t, name: t.clone())]).last_hidden_state
     assert seen == ["first", "second"]
     assert not torch.allclose(plain, edited)
+
+
+@FAMILIES
+@pytest.mark.parametrize("output_hidden_states", [False, True])
+def test_layer_outputs_are_kept_through_the_forward_only_when_hidden_states_are_asked_for(family,
+                                                                                         output_hidden_states):
+    """Keeping every layer's output costs (layers + 1) x b x s x h at the forward's peak: only
+    output_hidden_states pays it. Layer 0's output is dropped once layer 1 has read it."""
+    config = dict(BERT if family == "bert" else GPT2, **{"num_hidden_layers" if family == "bert" else "n_layer": 3})
+    config_class = BertConfig if family == "bert" else GPT2Config
+    model = OURS[family](config_class(**config)).eval()
+    first, alive_in_the_last_layer = [], []
+
+    def remember(tensor, name):
+        first.append(weakref.ref(tensor))
+
+    def check(tensor, name):
+        alive_in_the_last_layer.append(first[0]() is not None)
+
+    with torch.no_grad():
+        out = model.run_with_hooks(**padded(), output_hidden_states=output_hidden_states,
+                                   hooks=[("layers.0.out", remember), ("layers.2.out", check)])
+    assert alive_in_the_last_layer == [output_hidden_states]
+    assert (out.hidden_states is not None) == output_hidden_states
 
 
 # ------------------------------------------------------------------------------------------------ threads
