@@ -225,6 +225,37 @@ def test_activation_patching_gathers_every_sweep_and_normalises(family):
     assert page["patched_normalized"]["resid_pre"] == scores.tolist()
 
 
+def test_patching_png_draws_the_heads_of_largest_effect_by_position(tmp_path):
+    """Heads by position: GPT-2 small's 144 rows would make a 4000-pixel panel of mostly nothing; the PNG keeps the
+    TOP_HEADS strongest (by either sign, at any position), labelled L{l}H{h} in layer order."""
+    from PIL import Image
+
+    from scratch_models.analysis.figures import TOP_HEADS, _shown_rows, patching_png
+    from scratch_models.analysis.patching import PatchingResult
+
+    layers, positions, heads = 4, 3, 5  # 20 heads, more than TOP_HEADS
+    by_pos = torch.full((layers, positions, heads), 0.01)
+    strong = {(3, 4): 0.9, (0, 1): -0.8, (2, 0): 0.5}  # (layer, head): effect at position 1
+    for (layer, head), effect in strong.items():
+        by_pos[layer, 1, head] = effect
+    small_effects = torch.linspace(0.02, 0.3, layers * heads).view(layers, heads)  # ties broken by size
+    by_pos[:, 2, :] = small_effects
+    sweeps = {"resid_pre": torch.zeros(layers, positions), "attn_head_out_by_pos": by_pos}
+    result = PatchingResult(clean_metric=1.0, corrupted_metric=0.0, patched=sweeps, attribution=dict(sweeps))
+    shown, labels = _shown_rows(result, "attn_head_out_by_pos", layers)
+    expected = sorted(l * heads + h for l, h in strong) + [
+        int(i) for i in small_effects.flatten().argsort(descending=True)
+        if int(i) not in {l * heads + h for l, h in strong}][:TOP_HEADS - len(strong)]
+    assert shown == sorted(expected) and len(shown) == TOP_HEADS
+    assert labels == [f"L{row // heads}H{row % heads}" for row in shown]
+    assert {"L3H4", "L0H1", "L2H0"} <= set(labels)
+    assert _shown_rows(result, "resid_pre", layers) == (list(range(layers)), ["L0", "L1", "L2", "L3"])
+
+    with Image.open(patching_png(result, ["a", "b", "c"], tmp_path / "p.png")) as image:
+        every_head_height = 40 + (layers + layers * heads) * 28 + 2 * (60 + 90)
+        assert image.size[1] == every_head_height - (layers * heads - TOP_HEADS) * 28
+
+
 def test_bfloat16_patching_writes_in_the_model_dtype():
     model = small("gpt2", torch.bfloat16)
     clean, corrupted = prompts("left", 1), prompts("left", 2)

@@ -2,7 +2,8 @@
 
     heads_png(report, "heads.png")                 zero-ablation, mean-ablation and gradient scores, layer x head,
                                                    each cell with the head's behaviour label
-    patching_png(result, tokens, "patching.png")   every sweep, layer x position (heads: layer x head), patched and
+    patching_png(result, tokens, "patching.png")   every sweep, layer x position (heads: layer x head; heads by
+                                                   position: the TOP_HEADS heads of largest effect), patched and
                                                    attribution side by side, 0 = corrupted, 1 = clean
 
 Signed values use a diverging map centred on 0 (red above, blue below), so a head that helps and one that hurts
@@ -25,6 +26,8 @@ from .patching import PatchingResult
 DPI = 100
 CELL = 56  # pixels per heatmap cell in heads_png
 PATCH_CELL = 28  # pixels per cell in patching_png
+TOP_HEADS = 12  # heads by position in patching_png: the heads whose patch moves the metric most (the page and the
+                # JSON have every head; 144 rows of GPT-2 small would be a 4000-pixel panel of mostly nothing)
 MARGIN_LEFT, MARGIN_TOP, MARGIN_BOTTOM, COLORBAR = 70, 60, 90, 70  # pixels
 DIVERGING, SEQUENTIAL = "RdBu_r", "Purples"
 
@@ -75,26 +78,31 @@ def patching_png(result: PatchingResult, tokens: Sequence[str], path: str | os.P
     columns = [("patched", result.patched)] + ([("attribution (estimate)", result.attribution)]
                                                if result.attribution else [])
     layers = next(iter(result.patched.values())).shape[0]
-    sizes = {sweep: tuple(_as_grid(result.patched[sweep]).shape) for sweep in sweeps}  # (rows, columns) of cells
-    panel_w = max(cols for _, cols in sizes.values()) * PATCH_CELL + COLORBAR + MARGIN_LEFT
+    rows = {sweep: _shown_rows(result, sweep, layers) for sweep in sweeps}  # sweep -> (grid rows, their labels)
+    cols = {sweep: _as_grid(result.patched[sweep]).shape[1] for sweep in sweeps}
+    panel_w = max(cols.values()) * PATCH_CELL + COLORBAR + MARGIN_LEFT
     width = MARGIN_LEFT + len(columns) * panel_w
-    heights = [rows * PATCH_CELL + MARGIN_TOP + MARGIN_BOTTOM for rows, _ in sizes.values()]
+    heights = [len(rows[sweep][0]) * PATCH_CELL + MARGIN_TOP + MARGIN_BOTTOM for sweep in sweeps]
     height = 40 + sum(heights)
     fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
     fig.text(8 / width, 1 - 10 / height, f"{title}: 0 = corrupted ({result.corrupted_metric:.4g}), 1 = clean "
              f"({result.clean_metric:.4g})", va="top", fontsize=10)
     top = 40
     for sweep, panel_h in zip(sweeps, heights):
-        rows, cols = sizes[sweep]
+        shown, labels = rows[sweep]
+        panel_title = SWEEP_TITLES[sweep]
+        if len(shown) < _as_grid(result.patched[sweep]).shape[0]:
+            panel_title += f"\ntop {len(shown)} of {_as_grid(result.patched[sweep]).shape[0]} heads"
         for index, (kind, values) in enumerate(columns):
-            grid = _as_grid(result.normalized(values[sweep]))
+            grid = _as_grid(result.normalized(values[sweep]))[shown]
             left = MARGIN_LEFT + index * panel_w
-            ax = fig.add_axes(_box(left, top + MARGIN_TOP, cols * PATCH_CELL, rows * PATCH_CELL, width, height))
+            box_h = len(shown) * PATCH_CELL
+            ax = fig.add_axes(_box(left, top + MARGIN_TOP, cols[sweep] * PATCH_CELL, box_h, width, height))
             image = _heatmap(ax, grid, signed=True, scale=max(1.0, float(grid.abs().max())))  # 1 = clean everywhere
-            ax.set_title(f"{SWEEP_TITLES[sweep]}: {kind}", fontsize=9)
-            _axis_labels(ax, sweep, tokens, layers, tuple(grid.shape))
-            fig.colorbar(image, cax=fig.add_axes(_box(left + cols * PATCH_CELL + 8, top + MARGIN_TOP, 12,
-                                                      rows * PATCH_CELL, width, height)))
+            ax.set_title(f"{panel_title}: {kind}", fontsize=9)
+            _axis_labels(ax, sweep, tokens, labels, cols[sweep])
+            fig.colorbar(image, cax=fig.add_axes(_box(left + cols[sweep] * PATCH_CELL + 8, top + MARGIN_TOP, 12,
+                                                      box_h, width, height)))
         top += panel_h
     return _save(fig, path)
 
@@ -104,20 +112,27 @@ def _as_grid(values: torch.Tensor) -> torch.Tensor:
     return values.permute(0, 2, 1).reshape(-1, values.shape[1]) if values.dim() == 3 else values
 
 
-def _axis_labels(ax, sweep: str, tokens: Sequence[str], layers: int, shape: tuple[int, int]):
-    rows, cols = shape
+def _shown_rows(result: PatchingResult, sweep: str, layers: int) -> tuple[list[int], list[str]]:
+    """The grid rows a sweep's panel draws, and their labels: every layer; for heads by position the TOP_HEADS
+    heads whose patch moves the metric most at any position (by the patched runs, so both columns show the same
+    heads), in layer and head order."""
+    grid = _as_grid(result.normalized(result.patched[sweep]))
+    if sweep != "attn_head_out_by_pos":
+        return list(range(grid.shape[0])), [f"L{layer}" for layer in range(layers)]
+    heads = grid.shape[0] // layers
+    strongest = grid.abs().amax(dim=1)
+    shown = sorted(strongest.argsort(descending=True, stable=True)[:TOP_HEADS].tolist())
+    return shown, [f"L{row // heads}H{row % heads}" for row in shown]
+
+
+def _axis_labels(ax, sweep: str, tokens: Sequence[str], row_labels: Sequence[str], cols: int):
     if sweep == "attn_head_out_all_pos":
         ax.set_xticks(range(cols), [f"H{h}" for h in range(cols)], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
     else:
         ax.set_xticks(range(cols), [_short(t) for t in tokens], rotation=90, fontsize=7)
-    if sweep == "attn_head_out_by_pos":
-        heads = rows // layers
-        ax.set_yticks(range(0, rows, heads), [f"L{layer}" for layer in range(layers)], fontsize=7)
-        ax.set_ylabel(f"layer, then its {heads} heads", fontsize=8)
-    else:
-        ax.set_yticks(range(layers), [f"L{layer}" for layer in range(layers)], fontsize=7)
-        ax.set_ylabel("layer", fontsize=8)
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
+    ax.set_ylabel("head" if sweep == "attn_head_out_by_pos" else "layer", fontsize=8)
 
 
 def _heatmap(ax, values: torch.Tensor, signed: bool, scale: float | None = None):
