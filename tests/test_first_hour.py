@@ -182,7 +182,8 @@ def messages(tiny_gpt2, untokenized):
         (["generate", gpt2, "Once upon a time " * 20],
          "the prompt is 100 tokens long; this model reads at most 64 (config.json n_positions=64): shorten it"),
         (["verify", "--text", long_text],
-         f"--text '{long_text}' is 602 tokens long; this model reads at most 512 (config.json "
+         "--text 'word word word word word word word word ' ... (2999 characters) ... ' word word word word' is "
+         "602 tokens long; this model reads at most 512 (config.json "
          "max_position_embeddings=512): shorten it"),
         (["verify", "--text", "A text.", "--pair", "One.", "--pair", "Two."],
          "--pair given 2 times for 1 --text: give one pair per text"),

@@ -92,7 +92,7 @@ class Family:
             tokenizer.pad_token = tokenizer.eos_token
         batch = tokenizer(texts, pairs, padding=True, return_tensors="pt")
         lengths = batch["attention_mask"].sum(-1).tolist()
-        said = [repr(text) + (f" + {pair!r}" if pairs else "") for text, pair in zip(texts, pairs or texts)]
+        said = [quoted(text) + (f" + {quoted(pair)}" if pairs else "") for text, pair in zip(texts, pairs or texts)]
         for line, length in zip(said, lengths):
             self.check_length(config, length, f"--text {line}")
         inputs = {name: batch[name] for name in self.input_names if name in batch}
@@ -113,6 +113,13 @@ class Family:
         if length > limit:
             raise ValueError(f"{what} is {length} tokens long; this model reads at most {limit} "
                              f"(config.json {self.positions_field}={limit}): shorten it")
+
+
+def quoted(text: str, limit: int = 80) -> str:
+    """repr(text), its middle cut out past `limit` characters: a message names a long text without repeating it."""
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit // 2]) + f" ... ({len(text)} characters) ... " + repr(text[-limit // 4:])
 
 
 def plural(count: int, word: str) -> str:
