@@ -90,9 +90,9 @@ def patching_png(result: PatchingResult, tokens: Sequence[str], path: str | os.P
     top = 40
     for sweep, panel_h in zip(sweeps, heights):
         shown, labels = rows[sweep]
-        panel_title = SWEEP_TITLES[sweep]
-        if len(shown) < _as_grid(result.patched[sweep]).shape[0]:
-            panel_title += f"\ntop {len(shown)} of {_as_grid(result.patched[sweep]).shape[0]} heads"
+        every_row = _as_grid(result.patched[sweep]).shape[0]
+        panel_title = SWEEP_TITLES[sweep] + (f"\ntop {len(shown)} of {every_row} heads"
+                                             if len(shown) < every_row else "")
         for index, (kind, values) in enumerate(columns):
             grid = _as_grid(result.normalized(values[sweep]))[shown]
             left = MARGIN_LEFT + index * panel_w
