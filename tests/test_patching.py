@@ -125,6 +125,31 @@ def test_batched_sweeps_equal_a_plain_loop(family, padding, path):
     assert (by_head - naive_sweep(model, corrupted, clean_cache, metric, "z", by_head=True)).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_patched_gpt2_runs_score_only_from_the_first_position_the_metric_reads(padding):
+    """GPT-2's LM head over every position is a third of a short patched run: with our token metrics the patched
+    runs keep the logits from the earliest position read on, and give what an opaque metric (every position
+    scored) gives."""
+    model = small("gpt2")
+    clean, corrupted = prompts(padding, 1), prompts(padding, 2)
+    _, clean_cache = model.run_with_cache(**clean)
+    metric = answer_metric(corrupted)
+    kept = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: kept.append(kwargs.get("logits_to_keep", 0)), with_kwargs=True)
+    try:
+        fast = get_act_patch_resid_pre(model, corrupted, clean_cache, metric, batch_size=10)
+    finally:
+        handle.remove()
+    every_position = get_act_patch_resid_pre(model, corrupted, clean_cache, lambda output: metric(output),
+                                             batch_size=10)
+    assert (fast - every_position).abs().max() <= 1e-6
+    first_read = int(last_positions(corrupted["attention_mask"]).min())
+    assert kept[0] == 0 and len(kept) > 1  # the unpatched run scores every position
+    assert set(kept[1:]) == {SEQ - first_read}
+    assert (SEQ - first_read) == (3 if padding == "right" else 1)
+
+
 @pytest.mark.parametrize("path", ["fused", "explicit"])
 def test_patches_that_change_nothing_are_not_run(path):
     """GPT-2 prompts that differ from position 4 on: before it, clean and corrupted activations are the same, so

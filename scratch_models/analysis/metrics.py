@@ -111,7 +111,7 @@ def _scores(output, positions) -> torch.Tensor:
         raise ValueError(f"{type(output).__name__}.logits is [batch, seq, vocab] {tuple(logits.shape)}: give "
                          "positions (last_positions(attention_mask) for the next token after each prompt)")
     rows = torch.arange(logits.shape[0], device=logits.device)
-    at = _per_prompt(positions, logits.shape[0], "positions", logits.device)
+    at = per_prompt(positions, logits.shape[0], "positions", logits.device)
     if bool(((at < -logits.shape[1]) | (at >= logits.shape[1])).any()):
         raise ValueError(f"positions {at.tolist()} out of range for {logits.shape[1]} positions")
     return logits[rows, at]
@@ -135,13 +135,14 @@ def _pooler(output) -> torch.Tensor:
 
 def _pick(scores: torch.Tensor, index: PerPrompt, what: str) -> torch.Tensor:
     """scores [b, V] at one index per row."""
-    at = _per_prompt(index, scores.shape[0], what, scores.device)
+    at = per_prompt(index, scores.shape[0], what, scores.device)
     if bool(((at < 0) | (at >= scores.shape[1])).any()):
         raise ValueError(f"{what} {at.tolist()} out of range: the output has {scores.shape[1]} entries")
     return scores.gather(1, at[:, None])[:, 0]
 
 
-def _per_prompt(value: PerPrompt, batch: int, what: str, device) -> torch.Tensor:
+def per_prompt(value: PerPrompt, batch: int, what: str, device) -> torch.Tensor:
+    """`value` as [batch] integers: one for every prompt, or one each; a ValueError naming `what` otherwise."""
     at = torch.as_tensor(value, device=device)
     if at.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise ValueError(f"{what} must be integers, got {at.dtype}")

@@ -5,8 +5,9 @@ position, one head's output, ...), and measure how far the output moves back tow
 2022; TransformerLens' `patching` module, whose function names these are). A sweep asks that for every layer x
 position, or layer x head: hundreds of forward passes that differ in one small edit each. Here they run as
 batches: the corrupted batch is repeated once per patch, and one hook per hook point writes the clean values
-into exactly the rows and positions each patch asks for (`run_patches`). Zero- and mean-ablating heads
-(heads.py) are the same edit with another source.
+into exactly the rows and positions each patch asks for (`run_patches`); with a token metric, GPT-2's LM head
+runs only from the first position it reads. Zero- and mean-ablating heads (heads.py) are the same edit with
+another source.
 
     _, clean_cache = model.run_with_cache(**clean, names=lambda name: name.endswith(".out"))
     metric = LogitDiff(answer, wrong, positions=last_positions(clean["attention_mask"]))
@@ -25,12 +26,13 @@ corrupted run.
 """
 
 import dataclasses
+import inspect
 import re
 from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .metrics import normalized
+from .metrics import LogitDiff, TokenLogit, TokenLogProb, normalized, per_prompt
 
 DEFAULT_BATCH_SIZE = 32  # rows (patched copies x prompts) per forward pass: bounds the memory a sweep takes
 
@@ -72,15 +74,40 @@ def run_patches(model, tokens, patches: Sequence[Patch], sources: Mapping[str, t
         values = [check_metric(metric(output), batch, vector_metric)] * len(patches)
         runs = [i for i, patch in enumerate(patches) if not _writes_nothing_new(patch, sources, unpatched)]
         per_forward = max(1, batch_size // batch)
+        kept, patched_metric = _logits_read(model, inputs, patches, metric)
         for start in range(0, len(runs), per_forward):
             chunk = runs[start:start + per_forward]
-            output = model.run_with_hooks(**_repeated(inputs, len(chunk), batch),
+            output = model.run_with_hooks(**_repeated(inputs, len(chunk), batch), **kept,
                                           hooks=_writers([patches[i] for i in chunk], sources, batch))
             for j, i in enumerate(chunk):
-                values[i] = check_metric(metric(prompt_rows(output, j * batch, (j + 1) * batch)), batch, vector_metric)
+                values[i] = check_metric(patched_metric(prompt_rows(output, j * batch, (j + 1) * batch)), batch,
+                                         vector_metric)
     if not values:
         return torch.empty(0, batch, dtype=torch.float64)
     return torch.stack(values).double().cpu()
+
+
+def _logits_read(model, inputs: dict, patches: Sequence[Patch], metric: Metric) -> tuple[dict, Metric]:
+    """(extra forward arguments, the metric to read them with) for the patched runs.
+
+    GPT-2's LM head scores every position against the whole vocabulary: for a short prompt that is a third of
+    the forward pass. Our token metrics read one position per prompt, so the patched runs compute the logits from
+    the earliest of those positions on (`logits_to_keep`) and the metric reads them there, shifted. Any other
+    metric (its positions unknown), a model without `logits_to_keep`, or a patch of the logits themselves gets
+    every position, as the unpatched run does."""
+    if (not isinstance(metric, (LogitDiff, TokenLogit, TokenLogProb)) or metric.positions is None
+            or "logits_to_keep" not in inspect.signature(model.forward).parameters
+            or any(name in inputs for name in ("logits_to_keep", "labels"))
+            or any(patch.name == "logits" for patch in patches)):
+        return {}, metric
+    ids = inputs["input_ids"]
+    batch, seq = ids.shape
+    at = per_prompt(metric.positions, batch, "positions", ids.device)
+    if bool(((at < -seq) | (at >= seq)).any()):
+        return {}, metric  # the metric says what is wrong when it reads the unpatched run
+    at = at % seq
+    keep = seq - int(at.min())
+    return {"logits_to_keep": keep}, dataclasses.replace(metric, positions=at - (seq - keep))
 
 
 def _writes_nothing_new(patch: Patch, sources, unpatched) -> bool:
