@@ -59,7 +59,8 @@ def run_patches(model, tokens, patches: Sequence[Patch], sources: Mapping[str, t
     broadcastable to that activation ([b, ...] a clean run's, [1, n, 1, d] a mean, a 0-d zero). Patched copies
     run `batch_size // b` (at least 1) to a forward pass; every copy is exactly the run with only its patch.
     A patch that would write the values already there is the unpatched run, and takes its metric without a run
-    of its own (in GPT-2, every patch before the first token where clean and corrupted prompts differ).
+    of its own (in GPT-2, every patch before the first token where clean and corrupted prompts differ). With
+    LogitDiff, TokenLogit or TokenLogProb, GPT-2's patched runs score only from the first position it reads.
     """
     inputs = forward_inputs(tokens)
     batch = inputs["input_ids"].shape[0]
