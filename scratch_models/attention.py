@@ -105,7 +105,6 @@ RESULT_DOC = ("[b, s, n, h] each head's output in the residual stream's basis: i
               "only when named")
 
 
-
 def project_heads(merged: torch.Tensor, projection: nn.Module, weight: torch.Tensor, num_heads: int,
                   result: HookPoint) -> torch.Tensor:
     """merged [b, s, n * d] (the heads side by side) -> [b, s, h] through the output `projection`, whose matrix is

@@ -11,13 +11,11 @@ adds `HEAD_LEFT + HEAD_RIGHT` pixels of width and `HEAD_TOP + HEAD_BOTTOM` of he
 bar. Colour runs from 0 (white) to 1 (dark) in every cell, so heads compare at a glance.
 """
 
-import io
 import math
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .display import PNG
+from .display import PNG, render_png
 from .inspection import AttentionCapture
 
 DPI = 100
@@ -49,7 +47,7 @@ def attention_grid_png(capture: AttentionCapture, title: str = "attention") -> P
                 ax.set_ylabel(f"L{layer}", rotation=0, ha="right", va="center", fontsize=8)
             if layer == 0:
                 ax.set_title(f"H{head}", fontsize=8, pad=2)
-    return _render(fig, width, height)
+    return render_png(fig, width, height)
 
 
 def head_side(tokens: int) -> int:
@@ -83,7 +81,7 @@ def head_png(capture: AttentionCapture, layer: int, head: int, title: str = "att
     ax.set_title(f"{title}: layer {layer}, head {head}{_part(capture)}", fontsize=11)
     cax = fig.add_axes(((HEAD_LEFT + side + 20) / width, HEAD_BOTTOM / height, 18 / width, side / height))
     fig.colorbar(image, cax=cax, label="attention probability")
-    return _render(fig, width, height)
+    return render_png(fig, width, height)
 
 
 def _heatmap(ax, capture: AttentionCapture, layer: int, head: int, linewidth: float):
@@ -108,10 +106,3 @@ def _label(token: str) -> str:
 def _check_index(name: str, value: int, count: int):
     if not 0 <= value < count:
         raise ValueError(f"{name}={value} is out of range: this model has {count} (0..{count - 1})")
-
-
-def _render(fig: Figure, width: int, height: int) -> PNG:
-    """Render fully in memory, so a failure leaves no half-written file behind."""
-    buffer = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buffer)
-    return PNG(buffer.getvalue(), width, height)

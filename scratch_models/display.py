@@ -3,6 +3,7 @@ the pages' markup, style and script files (package data in pages/), and their da
 
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
@@ -23,6 +24,15 @@ class PNG:
 
     def _repr_png_(self) -> bytes:
         return self.data
+
+
+def render_png(fig, width: int, height: int) -> PNG:
+    """A matplotlib Figure of `width` x `height` pixels rendered fully in memory, so a failure writes nothing."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    return PNG(buffer.getvalue(), width, height)
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> Path:

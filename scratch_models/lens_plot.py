@@ -5,14 +5,13 @@ probability from 0 (white) to 1 (dark), the same scale in every cell.
 The figure is sized in pixels: `LEFT + positions * CELL_WIDTH` wide and `TOP + rows * CELL_HEIGHT + BOTTOM` high.
 """
 
-import io
 import os
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .analysis.lens import LensTable
+from .display import render_png
 
 DPI = 100
 CELL_WIDTH, CELL_HEIGHT = 84, 26  # pixels
@@ -44,11 +43,7 @@ def lens_png(table: LensTable, tokens: list[str], top_tokens: list[list[str]], p
     bar = fig.add_axes(((LEFT + columns * CELL_WIDTH + 15) / width, BOTTOM / height, 12 / width,
                         rows * CELL_HEIGHT / height))
     fig.colorbar(image, cax=bar, label="probability")
-    buffer = io.BytesIO()  # rendered fully before the file is opened: a failure writes nothing
-    FigureCanvasAgg(fig).print_png(buffer)
-    path = Path(path)
-    path.write_bytes(buffer.getvalue())
-    return path
+    return render_png(fig, width, height).save(path)
 
 
 def token_label(token: str, width: int = 11) -> str:

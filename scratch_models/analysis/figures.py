@@ -11,15 +11,14 @@ read apart. Head scores: each panel has its own scale, shown by its colour bar; 
 -1 .. 1, so full restoration looks the same in each.
 """
 
-import io
 import os
 from pathlib import Path
 from typing import Sequence
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..display import render_png
 from .heads import HeadReport
 from .patching import PatchingResult
 
@@ -67,7 +66,7 @@ def heads_png(report: HeadReport, path: str | os.PathLike, title: str = "heads")
                         va="center", fontsize=fontsize, color="white" if dark else "black")
         fig.colorbar(image, cax=fig.add_axes(_box(left + heads * CELL + 8, MARGIN_TOP, 12, layers * CELL, width,
                                                   height)))
-    return _save(fig, path)
+    return render_png(fig, width, height).save(path)
 
 
 def patching_png(result: PatchingResult, tokens: Sequence[str], path: str | os.PathLike,
@@ -104,7 +103,7 @@ def patching_png(result: PatchingResult, tokens: Sequence[str], path: str | os.P
             fig.colorbar(image, cax=fig.add_axes(_box(left + cols[sweep] * PATCH_CELL + 8, top + MARGIN_TOP, 12,
                                                       box_h, width, height)))
         top += panel_h
-    return _save(fig, path)
+    return render_png(fig, width, height).save(path)
 
 
 def _as_grid(values: torch.Tensor) -> torch.Tensor:
@@ -152,12 +151,3 @@ def _box(left, top, w, h, width, height):
 def _short(token: str) -> str:
     token = token.replace("\n", "\\n")
     return token if len(token) <= 12 else token[:11] + "…"
-
-
-def _save(fig: Figure, path) -> Path:
-    """Render in memory first, so a failure leaves no half-written file."""
-    buffer = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buffer)
-    path = Path(path)
-    path.write_bytes(buffer.getvalue())
-    return path
