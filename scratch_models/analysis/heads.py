@@ -68,13 +68,12 @@ def head_mask_importance(model, tokens, metric: Metric) -> torch.Tensor:
         raise ValueError("the model is in training mode: dropout would make the gradient random; call model.eval()")
     check_autograd("head_mask_importance")
     names = context_names(model)
-    with torch.no_grad():
-        _, cache = model.run_with_cache(**inputs, names=names[:1])
-    heads, dtype = cache[names[0]].shape[1], cache[names[0]].dtype
-    masks = torch.ones(len(names), batch, heads, dtype=dtype, device=cache[names[0]].device, requires_grad=True)
+    weight = next(model.parameters())
+    masks = torch.ones(len(names), batch, model.layers[0].attn.num_heads, dtype=weight.dtype, device=weight.device,
+                       requires_grad=True)
 
-    def masked(layer):
-        return lambda x, name: x * masks[layer][:, :, None, None]
+    def masked(layer):  # in the context's dtype, whatever autocast made it
+        return lambda x, name: x * masks[layer][:, :, None, None].to(x.dtype)
 
     with torch.enable_grad():
         output = model.run_with_hooks(**inputs, hooks=[(name, masked(layer)) for layer, name in enumerate(names)])

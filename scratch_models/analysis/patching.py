@@ -27,7 +27,6 @@ corrupted run.
 
 import dataclasses
 import inspect
-import re
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -241,7 +240,7 @@ def hook_name(model, component: str, layer: int) -> str:
 
 
 def num_layers(model) -> int:
-    return 1 + max(int(m[1]) for name in model.hook_points() if (m := re.fullmatch(r"layers\.(\d+)\.out", name)))
+    return len(model.layers)
 
 
 def clean_activation(clean_cache, name: str, inputs: dict, seq_dim: int) -> torch.Tensor:
@@ -271,25 +270,27 @@ def _check_against_clean_run(clean_cache, corrupted: dict):
         _check_alike({"input_ids": ids, "attention_mask": clean_cache.attention_mask}, corrupted)
 
 
-def _by_position(model, component, corrupted_tokens, clean_cache, metric, batch_size) -> torch.Tensor:
+def _sweep_sources(model, component, corrupted_tokens, clean_cache, batch_size) -> tuple[dict, int, list, dict]:
+    """(the corrupted inputs, their length, the hook name of `component` in each layer, name -> the clean
+    activation there), all checked."""
     _check_ready(model, batch_size)
     inputs = forward_inputs(corrupted_tokens)
     _check_against_clean_run(clean_cache, inputs)
-    seq = inputs["input_ids"].shape[1]
     names = [hook_name(model, component, layer) for layer in range(num_layers(model))]
-    sources = {name: clean_activation(clean_cache, name, inputs, seq_dim=1) for name in names}
+    seq_dim = 2 if component == "z" else 1
+    sources = {name: clean_activation(clean_cache, name, inputs, seq_dim) for name in names}
+    return inputs, inputs["input_ids"].shape[1], names, sources
+
+
+def _by_position(model, component, corrupted_tokens, clean_cache, metric, batch_size) -> torch.Tensor:
+    inputs, seq, names, sources = _sweep_sources(model, component, corrupted_tokens, clean_cache, batch_size)
     patches = [Patch(name, _one_hot(seq, position)[:, None]) for name in names for position in range(seq)]
     values = run_patches(model, inputs, patches, sources, metric, batch_size=batch_size)
     return values.mean(1).view(len(names), seq)
 
 
 def _heads(model, corrupted_tokens, clean_cache, metric, batch_size, by_position: bool) -> torch.Tensor:
-    _check_ready(model, batch_size)
-    inputs = forward_inputs(corrupted_tokens)
-    _check_against_clean_run(clean_cache, inputs)
-    seq = inputs["input_ids"].shape[1]
-    names = [hook_name(model, "z", layer) for layer in range(num_layers(model))]
-    sources = {name: clean_activation(clean_cache, name, inputs, seq_dim=2) for name in names}
+    inputs, seq, names, sources = _sweep_sources(model, "z", corrupted_tokens, clean_cache, batch_size)
     heads = sources[names[0]].shape[1]
     if by_position:  # TransformerLens' order: layer, position, head
         patches = [Patch(name, (_one_hot(heads, head)[:, None] & _one_hot(seq, position))[..., None])
