@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from weight_mapping import TOKENIZER_FILES, open_checkpoint
+
 SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
 
@@ -178,10 +180,8 @@ def _files(name_or_path) -> dict[str, Path]:
     if path.exists():
         directory = path if path.is_dir() else path.parent
     else:
-        from weight_mapping import open_checkpoint
-
         directory = open_checkpoint(name_or_path).directory
-    wanted = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json", *VOCAB_FILES)
+    wanted = (*TOKENIZER_FILES, "config.json")  # config.json: a BERT's model_type, GPT-2's special token ids
     return {name: directory / name for name in wanted if (directory / name).is_file()}
 
 
