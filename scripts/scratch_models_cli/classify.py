@@ -12,7 +12,7 @@ import torch
 
 from weight_mapping import open_checkpoint
 
-from .families import family_of, require_tokenizer
+from .families import at_least_one, family_of, require_tokenizer
 
 SEQUENCE = {"BertForSequenceClassification", "GPT2ForSequenceClassification"}
 TOKENS = {"BertForTokenClassification", "GPT2ForTokenClassification"}
@@ -42,8 +42,7 @@ def classify(model: str, text: str, *, pair: str | None = None, top_k: int | Non
                          "context as --pair")
     if name not in SPANS:  # a question and its context are a pair in every family
         family.check_pairs(None if pair is None else [pair])
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"--top-k must be at least 1, got {top_k}")
+    at_least_one("--top-k", top_k)
     tokenizer = require_tokenizer(checkpoint)
     ours = head.from_pretrained(model)
     batch = tokenizer(text, pair, return_tensors="pt")

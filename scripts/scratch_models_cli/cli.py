@@ -10,6 +10,7 @@ import sys
 from scratch_models import CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
+from .families import at_least_one
 from .targets import TARGETS
 
 MODEL = ("a checkpoint: `minilm` (the embedded real all-MiniLM-L6-v2, offline), a hub id, a local directory, a "
@@ -188,8 +189,7 @@ def _generate(args) -> int:
 
 def _check_generate_flags(args) -> None:
     """The flags by their own names, before anything loads (generate itself names its Python arguments)."""
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    at_least_one("--max-new-tokens", args.max_new_tokens)
     sampling = [flag for flag, value, default in (("--temperature", args.temperature, 1.0),
                                                   ("--top-k", args.top_k, None), ("--top-p", args.top_p, None))
                 if value != default]
@@ -198,8 +198,7 @@ def _check_generate_flags(args) -> None:
                          "most likely token is taken)")
     if not args.temperature > 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k must be at least 1, got {args.top_k}")
+    at_least_one("--top-k", args.top_k)
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import torch
 
@@ -113,6 +114,23 @@ class Family:
         if length > limit:
             raise ValueError(f"{what} is {length} tokens long; this model reads at most {limit} "
                              f"(config.json {self.positions_field}={limit}): shorten it")
+
+
+def require_device(device: str) -> None:
+    """--device cuda where there is no CUDA device: a ValueError naming the flag."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+
+
+def at_least_one(flag: str, value: int | None) -> None:
+    """A ValueError naming `flag` when its value (None: not given) is below 1."""
+    if value is not None and value < 1:
+        raise ValueError(f"{flag} must be at least 1, got {value}")
+
+
+def written_files(staging: Path, out) -> list[Path]:
+    """The files a `staged(out)` block wrote into `staging`, as they are named once moved into `out`."""
+    return [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
 
 
 def quoted(text: str, limit: int = 80) -> str:

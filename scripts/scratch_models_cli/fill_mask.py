@@ -5,13 +5,12 @@ import torch
 from scratch_models import BertForMaskedLM
 from weight_mapping import open_checkpoint
 
-from .families import FAMILIES, family_of, require_tokenizer
+from .families import FAMILIES, at_least_one, family_of, require_tokenizer
 
 
 def fill_mask(model: str, text: str, top_k: int = 5) -> list[tuple[int, list[tuple[str, float]]]]:
     """For each mask token in `text`: (its position, the top_k (token, probability) pairs, most likely first)."""
-    if top_k < 1:
-        raise ValueError(f"--top-k must be at least 1, got {top_k}")
+    at_least_one("--top-k", top_k)
     checkpoint = open_checkpoint(model)
     bert = FAMILIES["bert"]
     if family_of(checkpoint) is not bert:

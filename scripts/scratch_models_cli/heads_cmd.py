@@ -25,6 +25,7 @@ from scratch_models.attention_page import AttentionPage
 from scratch_models.inspection import AttentionCapture, attention_names
 from weight_mapping import staged
 
+from .families import at_least_one, plural, written_files
 from .targets import answer_id, describe, encode, load, positions, predictions
 
 
@@ -39,8 +40,7 @@ class HeadsResult:
 def heads(model: str, texts: list[str], *, target: str | None = None, answer: str | None = None,
           out: str | os.PathLike, batch_size: int, device: str = "cpu") -> HeadsResult:
     start = time.perf_counter()
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    at_least_one("--batch-size", batch_size)
     loaded = load(model, target, device)
     inputs, tokens = encode(loaded, texts, device)
     at = positions(loaded, inputs, texts)
@@ -62,7 +62,7 @@ def heads(model: str, texts: list[str], *, target: str | None = None, answer: st
     groups = loaded.family.key_groups(loaded.tokenizer, tokens, inputs["attention_mask"])
     report = analyze_heads(loaded.model, inputs, metric, groups={k: v.to(device) for k, v in groups.items()},
                            target=what, batch_size=batch_size)
-    title = f"{model}: {len(texts)} text{'s' if len(texts) > 1 else ''}"
+    title = f"{model}: {plural(len(texts), 'text')}"
     with torch.no_grad():
         _, cache = loaded.model.run_with_cache(**inputs, names=attention_names)
     capture = AttentionCapture.from_cache(cache, tokens[0])  # the first text; its padding left out
@@ -76,7 +76,7 @@ def heads(model: str, texts: list[str], *, target: str | None = None, answer: st
             {"model": model, "texts": texts, "tokens": tokens, **report.to_json(), "ranked": report.ranked()},
             indent=1), encoding="utf-8")
         (staging / "heads.txt").write_text(f"{title}\ntarget: {what}\n\n{format_ranked(report)}\n", encoding="utf-8")
-        files = [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
+        files = written_files(staging, out)
     return HeadsResult(report, what, files, time.perf_counter() - start)
 
 

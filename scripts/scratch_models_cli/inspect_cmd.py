@@ -27,7 +27,7 @@ from scratch_models.attention_plots import attention_grid_png, head_png
 from scratch_models.inspection import AttentionCapture, format_summary, summarize
 from weight_mapping import EMBEDDED_NAME, open_checkpoint, staged
 
-from .families import family_of, require_tokenizer
+from .families import family_of, require_device, require_tokenizer, written_files
 
 
 HEAD_PNG = re.compile(r"head_L\d+_H\d+\.png")  # the one name inspect writes that changes between runs
@@ -53,8 +53,7 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
     checkpoint = open_checkpoint(source)
     family = family_of(checkpoint)
     family.check_pairs(None if pair is None else [pair])
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    require_device(device)
     tokenizer = require_tokenizer(checkpoint)
     # the task head too when the checkpoint has one, so its logits are cached as well
     ours = family.widest_model(checkpoint, sequences_only=True).from_pretrained(source, device=device)
@@ -94,10 +93,11 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
         (staging / "summary.json").write_text(json.dumps(
             {"model": label, "text": text, "pair": pair, "tokens": tokens, "tensors": summary}, indent=1),
             encoding="utf-8")
-        written = sorted(f.name for f in staging.iterdir())
+        files = written_files(staging, out)
+    written = {file.name for file in files}
     directory = Path(out).expanduser()
     removed = sorted(f for f in directory.iterdir() if HEAD_PNG.fullmatch(f.name) and f.name not in written)
     for stale in removed:
         stale.unlink()
-    return InspectResult(model=label, tokens=tokens, files=[directory / name for name in written], removed=removed,
-                         notice=page.notice, seconds=time.perf_counter() - began)
+    return InspectResult(model=label, tokens=tokens, files=files, removed=removed, notice=page.notice,
+                         seconds=time.perf_counter() - began)

@@ -22,7 +22,7 @@ from scratch_models.lens_plot import lens_png, token_label
 from scratch_models.tokenizer import NoTokenizerJson
 from weight_mapping import CheckpointError, open_checkpoint, staged
 
-from .families import FAMILIES, family_of, require_tokenizer
+from .families import FAMILIES, at_least_one, family_of, require_device, require_tokenizer, written_files
 
 CELL = 16  # characters per cell of the printed table
 
@@ -36,10 +36,8 @@ class LensResult:
 
 
 def lens(model: str, text: str, *, out: str | os.PathLike, top_k: int = 3, device: str = "cpu") -> LensResult:
-    if top_k < 1:
-        raise ValueError(f"--top-k must be at least 1, got {top_k}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    at_least_one("--top-k", top_k)
+    require_device(device)
     checkpoint = open_checkpoint(model)
     family = family_of(checkpoint)
     if family is FAMILIES["bert"]:
@@ -66,7 +64,7 @@ def lens(model: str, text: str, *, out: str | os.PathLike, top_k: int = 3, devic
         (staging / "lens.json").write_text(json.dumps(_as_json(model, text, reads, tokens, table, decode), indent=1),
                                            encoding="utf-8")
         lens_png(table, tokens, top, staging / "lens.png", title=f"logit lens: {model}")
-        files = [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
+        files = written_files(staging, out)
     return LensResult(model=model, tokens=tokens, table=printed, files=files)
 
 

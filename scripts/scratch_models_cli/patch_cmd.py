@@ -24,6 +24,7 @@ from scratch_models.analysis.pages import patching_html
 from scratch_models.analysis.patching import PatchingResult, activation_patching
 from weight_mapping import staged
 
+from .families import at_least_one, written_files
 from .targets import answer_id, describe, encode, load, positions, predictions
 
 
@@ -39,8 +40,7 @@ class PatchResult:
 def patch(model: str, clean: str, corrupted: str, *, target: str | None = None, answer: str | None = None,
           wrong: str | None = None, out: str | os.PathLike, batch_size: int, device: str = "cpu") -> PatchResult:
     start = time.perf_counter()
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    at_least_one("--batch-size", batch_size)
     loaded = load(model, target, device)
     clean_inputs, clean_tokens = encode(loaded, [clean], device, "--clean")
     corrupted_inputs, corrupted_tokens = encode(loaded, [corrupted], device, "--corrupted")
@@ -81,7 +81,7 @@ def patch(model: str, clean: str, corrupted: str, *, target: str | None = None, 
         (staging / "patching.json").write_text(json.dumps(
             {"model": model, "clean": clean, "corrupted": corrupted, "metric": what,
              "corrupted_tokens": corrupted_tokens[0], **result.to_json(tokens)}, indent=1), encoding="utf-8")
-        files = [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
+        files = written_files(staging, out)
     return PatchResult(result, what, tokens, files, time.perf_counter() - start)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from weight_mapping import open_checkpoint
 
-from .families import family_of, require_tokenizer
+from .families import family_of, require_device, require_tokenizer
 
 TARGETS = ("next", "mlm", "class", "pooler")
 # our class -> the target its output carries
@@ -32,8 +32,7 @@ class Loaded:
 
 def load(source: str, target: str | None, device: str) -> Loaded:
     """The checkpoint's widest model (its own head), and the target: `target`, or the one its head carries."""
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    require_device(device)
     checkpoint = open_checkpoint(source)
     family = family_of(checkpoint)
     cls = family.widest_model(checkpoint, sequences_only=True)

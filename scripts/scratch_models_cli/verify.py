@@ -19,7 +19,7 @@ import torch
 from scratch_models.pretrained import as_dtype
 from weight_mapping import EMBEDDED_NAME, open_checkpoint
 
-from .families import MULTIPLE_CHOICE, Family, family_of, plural
+from .families import MULTIPLE_CHOICE, Family, family_of, plural, require_device
 
 # (atol, rtol): a tensor passes when |ours - ref| <= atol + rtol * |ref| everywhere.
 TOLERANCES = {
@@ -108,8 +108,7 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
     checkpoint = open_checkpoint(source)
     family = family_of(checkpoint)
     torch_dtype = as_dtype(dtype)
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    require_device(device)
     config = family.base.config_class.from_json_file(checkpoint.config_path)
     num_layers = getattr(config, family.table.layers_field)
     notes = []
