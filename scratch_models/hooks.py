@@ -96,8 +96,8 @@ class HookedModel(nn.Module):
         the residual stream. It remembers this model and the run's `attention_mask` and `input_ids`.
 
         `names`: None for every hook point but the opt-in ones (`layers.{i}.attn.result`, computed only for a
-        listener), a list of names, or a predicate on the name. `hooks` edit the run as in `run_with_hooks`; the
-        cache holds the edited tensors.
+        listener), a name, a list of names, or a predicate on the name. `hooks` edit the run as in
+        `run_with_hooks`; the cache holds the edited tensors.
 
         `incl_bwd=True` with `metric`, a function of the output that returns a scalar tensor (a logit, a loss, a
         logit difference), also caches the gradient of the metric with respect to each cached tensor, as
@@ -106,21 +106,13 @@ class HookedModel(nn.Module):
         A cached tensor that would not require grad (frozen weights) is made a leaf that does, which changes no
         value.
         """
-        from .analysis.cache import ActivationCache
-
         if incl_bwd != (metric is not None):
             raise ValueError("incl_bwd=True needs metric=fn(output) -> scalar tensor to differentiate, and metric is "
                              "used only with incl_bwd=True")
         if incl_bwd and torch.is_inference_mode_enabled():
             raise ValueError("incl_bwd=True cannot run inside torch.inference_mode(), which switches autograd off "
                              "for good; torch.no_grad() is fine")
-        points = self.hook_points()
-        if names is None:
-            wanted = [name for name, point in points.items() if not point.opt_in]
-        elif callable(names):
-            wanted = [name for name in points if names(name)]
-        else:
-            wanted = list(names)
+        wanted = names_to_cache(self.hook_points(), names)
         cache: dict[str, torch.Tensor] = {}
         live: dict[str, torch.Tensor] = {}  # with incl_bwd: the tensors the forward pass went on with
 
@@ -137,7 +129,21 @@ class HookedModel(nn.Module):
             output = self.run_with_hooks(*args, hooks=[*hooks, *((n, store) for n in wanted)], **kwargs)
             if incl_bwd:
                 cache |= _gradients(metric, output, live)
-        return output, ActivationCache(cache, self, **_run_inputs(self, args, kwargs))
+        return output, activation_cache(self, cache, args, kwargs)
+
+
+def names_to_cache(points: dict[str, HookPoint], names) -> list[str]:
+    """The hook names `run_with_cache(names=...)` caches: None for every point but the opt-in ones, a predicate on
+    the name, a name, or a list of names (an unknown one is an error naming it)."""
+    if names is None:
+        return [name for name, point in points.items() if not point.opt_in]
+    if callable(names):
+        return [name for name in points if names(name)]
+    names = [names] if isinstance(names, str) else list(names)
+    for name in names:
+        if name not in points:
+            raise ValueError(_unknown_name_message(name, points))
+    return names
 
 
 def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -155,10 +161,13 @@ def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[
             for name, grad in zip(names, grads)}
 
 
-def _run_inputs(model: nn.Module, args, kwargs) -> dict:
-    """The run's input_ids and attention_mask, by the forward's own argument names."""
+def activation_cache(model: nn.Module, cache: dict[str, torch.Tensor], args, kwargs):
+    """`cache` as the ActivationCache of `model`'s run on `args`, `kwargs`: it remembers the run's input_ids and
+    attention_mask, found by the forward's own argument names."""
+    from .analysis.cache import ActivationCache
+
     bound = inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments
-    return {"input_ids": bound.get("input_ids"), "attention_mask": bound.get("attention_mask")}
+    return ActivationCache(cache, model, input_ids=bound.get("input_ids"), attention_mask=bound.get("attention_mask"))
 
 
 def _chain(name: str, before: list, fns: list[HookFn]):

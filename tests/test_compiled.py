@@ -72,8 +72,8 @@ def test_a_hook_attached_after_torch_compile_is_seen_not_stale(saved):
 
 
 def test_compile_model_runs_a_listening_call_eagerly_and_compiles_nothing_for_it(saved):
-    """compile_model's wrapper: a call with any hook point listening is the eager model's call (bitwise), caching
-    reads the same tensors as eager, and neither compiles again; idle calls run the compiled graph."""
+    """compile_model's wrapper: a call with any hook point listening is the eager model's call (bitwise) and
+    compiles nothing; so is run_with_cache with hooks of its own; idle calls run the compiled graph."""
     model = GPT2LMHeadModel.from_pretrained(saved["gpt2"][0])
     fast = compile_model(model)
     inputs = padded()
@@ -83,13 +83,89 @@ def test_compile_model_runs_a_listening_call_eagerly_and_compiles_nothing_for_it
         with model.hooks([("layers.1.mlp.post_act", zero_layer_1_mlp)]):
             assert fast.listening()
             assert torch.equal(fast(**inputs).logits, model(**inputs).logits)
-        _, cache = fast.run_with_cache(**inputs, names=["layers.0.attn.probs"])
-        _, eager_cache = model.run_with_cache(**inputs, names=["layers.0.attn.probs"])
+        hooks = [("layers.1.mlp.post_act", zero_layer_1_mlp)]
+        out, cache = fast.run_with_cache(**inputs, names=["layers.0.attn.probs"], hooks=hooks)
+        eager_out, eager_cache = model.run_with_cache(**inputs, names=["layers.0.attn.probs"], hooks=hooks)
+        assert torch.equal(out.logits, eager_out.logits)
         assert torch.equal(cache["layers.0.attn.probs"], eager_cache["layers.0.attn.probs"])
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
         assert not fast.listening()
         assert torch.equal(fast(**inputs).logits, idle)
     assert fast.hook_names() == model.hook_names() and fast.config is model.config
+
+
+def assert_scaled_parity(ours: torch.Tensor, eager: torch.Tensor, what: str) -> None:
+    """The compiled bound with its absolute part scaled by the tensor's largest |element|: inside a layer a sum
+    that cancels (an MLP's output) leaves elements small against the terms summed, and reordered sums round each
+    term's share differently. Seen here: at most 1.3e-6 of the largest element."""
+    scale = 1 + float(eager.abs().max()) if eager.is_floating_point() else 1
+    assert_parity(ours, eager, what, atol=COMPILED_ATOL * scale, rtol=COMPILED_RTOL)
+
+
+def graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_compiled_run_with_cache_follows_eager_and_compiles_once_per_set_of_names(saved, family):
+    """run_with_cache asked only to cache runs one compiled graph per set of names (no graph break: the wrapper
+    compiles with fullgraph=True): the same names in the same order as eager, each tensor within the compiled bound
+    of eager's, on a batch padded left, right and all through; a subset, and an opt-in point, each compile once
+    more; afterwards no hook point listens and an idle call is the idle graph's."""
+    model = OURS[family].from_pretrained(saved[family][0])
+    fast = compile_model(model, freeze=True)
+    inputs = padded()
+    with torch.no_grad():
+        idle = fast(**inputs).logits
+        before = graphs()
+        out, cache = fast.run_with_cache(**inputs)
+        assert graphs() == before + 1
+        eager_out, eager_cache = model.run_with_cache(**inputs)
+        assert list(cache) == list(eager_cache) and len(cache) == len(model.hook_names()) - len(model.layers)
+        for name, tensor in eager_cache.items():
+            assert_scaled_parity(cache[name], tensor, f"compiled cache {name}")
+        assert_parity(out.logits, eager_out.logits, "compiled caching logits", atol=COMPILED_ATOL,
+                      rtol=COMPILED_RTOL)
+        assert torch.equal(cache.input_ids, inputs["input_ids"]) and cache.model is model
+        _, again = fast.run_with_cache(**inputs)
+        assert graphs() == before + 1 and all(torch.equal(again[n], cache[n]) for n in cache)
+
+        for names in (["layers.0.attn.probs", "layers.1.out"], "layers.1.attn.result"):
+            _, subset = fast.run_with_cache(**inputs, names=names)
+            _, eager_subset = model.run_with_cache(**inputs, names=names)
+            assert list(subset) == list(eager_subset) == ([names] if isinstance(names, str) else names)
+            for name in subset:
+                assert_scaled_parity(subset[name], eager_subset[name], f"compiled cache {name}")
+        assert graphs() == before + 3
+        assert not fast.listening()
+        assert torch.equal(fast(**inputs).logits, idle)
+
+
+def test_compiled_run_with_cache_leaves_no_hook_behind_and_falls_back_to_eager_for_gradients(saved):
+    """An unknown name and a forward pass that raises both leave every hook point idle, and a refused input raises
+    the model's own ValueError through the wrapper; incl_bwd (gradients) runs the eager run_with_cache, bitwise,
+    and so does metric without incl_bwd's error."""
+    model = OURS["bert"].from_pretrained(saved["bert"][0])
+    fast = compile_model(model)
+    inputs = padded()
+    with pytest.raises(ValueError, match="unknown hook point 'layers.0.mlp.outt'"):
+        fast.run_with_cache(**inputs, names=["layers.0.mlp.outt"])
+    assert not fast.listening()
+    floats = dict(inputs, input_ids=inputs["input_ids"].float())
+    for call in (fast, fast.run_with_cache):  # the model's own error, not Dynamo's report of it
+        with pytest.raises(ValueError, match="input_ids must hold integers"):
+            call(**floats)
+        assert not fast.listening()
+
+    def metric(out):
+        return out.logits[:, 1, 3].sum()
+
+    names = ["layers.0.out", "layers.1.mlp.post_act"]
+    _, cache = fast.run_with_cache(**inputs, names=names, incl_bwd=True, metric=metric)
+    _, eager = model.run_with_cache(**inputs, names=names, incl_bwd=True, metric=metric)
+    assert list(cache) == list(eager) and all(torch.equal(cache[n], eager[n]) for n in eager)
+    with pytest.raises(ValueError, match="metric is used only with incl_bwd=True"):
+        fast.run_with_cache(**inputs, metric=metric)
 
 
 def test_frozen_weights_edited_in_place_are_refused_and_unfrozen_ones_are_followed(saved):
