@@ -179,6 +179,8 @@ class BertMLMHead(nn.Module):
 class BertModel(PretrainedModel):
     config_class = BertConfig
     mapping_table = BERT
+    table_indices = {"input_ids": "vocab_size", "token_type_ids": "type_vocab_size",
+                     "position_ids": "max_position_embeddings"}
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -206,7 +208,7 @@ class BertModel(PretrainedModel):
         context are 0 (as transformers' default SDPA attention computes; its eager path spreads them evenly).
         Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError naming them."""
         config = self.config
-        check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
+        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
         batch, seq = input_ids.shape
         if position_ids is None:
             if seq > config.max_position_embeddings:
@@ -214,12 +216,10 @@ class BertModel(PretrainedModel):
                                  f"max_position_embeddings={config.max_position_embeddings}, so a sequence "
                                  f"may be at most {config.max_position_embeddings} tokens long")
             position_ids = torch.arange(seq, device=input_ids.device)[None, :]
-        check_ids("position_ids", position_ids, config.max_position_embeddings, "max_position_embeddings",
-                  shapes=((batch, seq), (1, seq)))
+        check_ids("position_ids", position_ids, *self.table_size("position_ids"), shapes=((batch, seq), (1, seq)))
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "type_vocab_size",
-                  shapes=((batch, seq),))
+        check_ids("token_type_ids", token_type_ids, *self.table_size("token_type_ids"), shapes=((batch, seq),))
         check_mask("attention_mask", attention_mask, (batch, seq))
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)

@@ -48,7 +48,7 @@ class CompiledModel:
     def __init__(self, model, freeze: bool):
         self.model = model
         self.freeze = freeze
-        self._points = list(model.hook_points().values())
+        self._points = model.hook_points()  # the model's tree is taken as built
         self._weights = [(name, t, t._version) for name, t in (*model.named_parameters(), *model.named_buffers())]
         self._settings = _inductor_settings(model, freeze)
         self._forward = torch.compile(model, dynamic=False, fullgraph=True)
@@ -62,9 +62,12 @@ class CompiledModel:
         return self._compiled_forward(*args, **kwargs)
 
     def _compiled_forward(self, *args, **kwargs):
-        """The compiled forward pass. A call the model refuses (a ValueError naming the argument at fault) stops
-        Dynamo's trace, which reports it as `Unsupported: Observed exception`: such a call runs eagerly instead,
-        so the model's own error is what is raised."""
+        """The compiled forward pass, after the model's checks on the values of its arguments, which the graph
+        cannot hold: without them an id past a table is read out of bounds, and a compiled CPU kernel aborts the
+        whole process on it (pytorch/pytorch#195402). A call the model refuses while Dynamo traces it (a
+        ValueError naming the argument at fault) is reported by Dynamo as `Unsupported: Observed exception`: such
+        a call runs eagerly instead, so the model's own error is what is raised."""
+        self.model.check_input_values(*args, **kwargs)
         try:
             return self.run_compiled(self._forward, *args, **kwargs)
         except torch._dynamo.exc.Unsupported:
@@ -83,23 +86,23 @@ class CompiledModel:
         if hooks or incl_bwd or metric is not None or self.listening():
             return self.model.run_with_cache(*args, names=names, hooks=hooks, incl_bwd=incl_bwd, metric=metric,
                                              **kwargs)
-        points = self.model.hook_points()
+        points = self._points
         wanted = names_to_cache(points, names)
         with self._recording:
             try:
                 for name in wanted:
-                    points[name].fn = self._recorders.setdefault(name, _Recorder(name, self._recorded))
+                    points[name].listen(self._recorders.setdefault(name, _Recorder(name, self._recorded)))
                 output = self._compiled_forward(*args, **kwargs)
                 cache = {name: self._recorded[name].detach() for name in wanted if name in self._recorded}
             finally:
                 for name in wanted:
-                    points[name].fn = None
+                    points[name].listen(None)
                 self._recorded.clear()
         return output, activation_cache(self.model, cache, args, kwargs)
 
     def listening(self) -> bool:
         """Whether a hook point of the model has a listener: calls then run the eager model."""
-        return any(point.fn is not None for point in self._points)
+        return any(point.fn is not None for point in self._points.values())
 
     def run_compiled(self, fn, *args, **kwargs):
         """Call a compiled function of this model. torch.compile(options=) does not reach Dynamo, which reads

@@ -145,6 +145,7 @@ class GPT2Block(nn.Module):
 class GPT2Model(PretrainedModel):
     config_class = GPT2Config
     mapping_table = GPT2
+    table_indices = {"input_ids": "vocab_size", "position_ids": "n_positions"}
 
     def __init__(self, config: GPT2Config):
         super().__init__()
@@ -167,7 +168,7 @@ class GPT2Model(PretrainedModel):
         spreads them evenly). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
         naming them; a bad call leaves the cache as it was."""
         config = self.config
-        check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
+        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
         batch, seq = input_ids.shape
         if past_key_values is not None and not isinstance(past_key_values, KVCache):
             raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
@@ -183,8 +184,7 @@ class GPT2Model(PretrainedModel):
                                  f"this model has n_positions={config.n_positions}, so at most "
                                  f"{config.n_positions} tokens fit, cached ones included")
             position_ids = torch.arange(past, past + seq, device=input_ids.device)[None, :]
-        check_ids("position_ids", position_ids, config.n_positions, "n_positions",
-                  shapes=((batch, seq), (1, seq)))
+        check_ids("position_ids", position_ids, *self.table_size("position_ids"), shapes=((batch, seq), (1, seq)))
         check_mask("attention_mask", attention_mask, (batch, past + seq))
 
         x = self.embeddings(input_ids, position_ids)
@@ -246,7 +246,7 @@ class GPT2LMHeadModel(GPT2Model, GenerationMixin):
         if labels is not None and logits_to_keep:
             raise ValueError("labels need the logits of every position: leave logits_to_keep=0")
         if labels is not None:  # checked before the forward pass, which would already have extended a cache
-            check_ids("input_ids", input_ids, self.config.vocab_size, "vocab_size")
+            check_ids("input_ids", input_ids, *self.table_size("input_ids"))
             check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
                       ignore=-100)
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,

@@ -45,7 +45,7 @@ class GPT2ForSequenceClassification(GPT2Model):
         """As GPT2Model.forward. `labels`: [b] class indices (torch.long), or float [b, L] 0/1 targets (multi-label),
         or float [b] (L = 1) / [b, L] values (regression); config.problem_type says which, or else the labels do
         (see losses.py). With a cache, the row is read at its last new token that is not padding."""
-        check_ids("input_ids", input_ids, self.config.vocab_size, "vocab_size")
+        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
         last = self.last_tokens(input_ids)  # checked before the forward pass, which would extend a cache
         if labels is not None:
             problem_type = check_classification_labels(labels, (len(last), self.config.num_labels),
@@ -198,11 +198,11 @@ class GPT2DoubleHeadsModel(GPT2Model):
         shape = tuple(input_ids.shape)
         batch, choices, seq = shape
         # every argument is checked before the forward pass, which would extend a cache
-        check_ids("input_ids", input_ids, config.vocab_size, "vocab_size", shapes=(shape,))
+        check_ids("input_ids", input_ids, *self.table_size("input_ids"), shapes=(shape,))
         past = past_key_values.length if isinstance(past_key_values, KVCache) else 0
         check_mask("attention_mask", attention_mask, (batch, choices, past + seq))
         if position_ids is not None:
-            check_ids("position_ids", position_ids, config.n_positions, "n_positions", shapes=(shape,))
+            check_ids("position_ids", position_ids, *self.table_size("position_ids"), shapes=(shape,))
         if mc_token_ids is None:
             mc_token_ids = torch.full((batch, choices), seq - 1, device=input_ids.device)
         check_ids("mc_token_ids", mc_token_ids, seq, "the sequence length", shapes=((batch, choices),))

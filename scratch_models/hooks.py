@@ -31,6 +31,12 @@ class HookPoint(nn.Module):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.fn is None else self.fn(x)
 
+    def listen(self, fn) -> None:
+        """Set the listener (None: none). Past nn.Module's __setattr__, which takes ten times as long (a full
+        cache sets and clears some 170 listeners per run) and would register a listener that is a module as a
+        submodule of the model."""
+        object.__setattr__(self, "fn", fn)
+
     @property
     def active(self) -> bool:
         return self.fn is not None
@@ -44,7 +50,8 @@ class HookedModel(nn.Module):
         path segment of any container that sets `hook_names_skip_me` (BertEncoder), so names stay short and read
         alike in both families: `layers.3.attn.probs`."""
         modules = dict(self.named_modules())
-        skipped = [name for name, m in modules.items() if getattr(m, "hook_names_skip_me", False)]
+        # read from the class: a missing attribute on the instance goes through nn.Module.__getattr__, which is slow
+        skipped = [name for name, m in modules.items() if getattr(type(m), "hook_names_skip_me", False)]
 
         def short(name):
             for container in skipped:
@@ -79,11 +86,11 @@ class HookedModel(nn.Module):
         saved = {name: points[name].fn for name in by_name}
         try:
             for name, fns in by_name.items():
-                points[name].fn = _chain(name, ([saved[name]] if saved[name] else []), fns)
+                points[name].listen(_chain(name, ([saved[name]] if saved[name] else []), fns))
             yield self
         finally:
             for name, fn in saved.items():
-                points[name].fn = fn
+                points[name].listen(fn)
 
     def run_with_hooks(self, *args, hooks: Iterable[tuple[str, HookFn]] = (), **kwargs):
         with self.hooks(hooks):

@@ -4,7 +4,8 @@ Without these, an id past the vocabulary is a bare IndexError on CPU and an asyn
 CUDA, a mask of the wrong shape may silently broadcast, and an additive mask (0 / -10000) is silently read as
 its opposite. Each range check is one reduction and one host sync, taken before the embedding lookup. A traced,
 exported or compiled graph keeps the checks on types and shapes but not those on values, which would need a
-Python branch on the input (see tracing.py).
+Python branch on the input (see tracing.py); compile_model's wrapper makes those first, eagerly
+(PretrainedModel.check_input_values).
 """
 
 import torch
@@ -28,6 +29,11 @@ def check_ids(name: str, ids, limit: int, limit_name: str, shapes: tuple[tuple[i
             raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}): give at least one token")
     elif tuple(ids.shape) not in shapes:
         raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected {' or '.join(map(str, shapes))}")
+    check_range(name, ids, limit, limit_name, ignore)
+
+
+def check_range(name: str, ids: torch.Tensor, limit: int, limit_name: str, ignore: int | None = None):
+    """0 <= ids < limit, except entries equal to `ignore`; nothing while a graph is captured."""
     if is_tracing(ids):
         return
     bad = (ids < 0) | (ids >= limit)
@@ -47,11 +53,27 @@ def check_mask(name: str, mask, shape: tuple[int, ...]):
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shape}")
     if not (mask.dtype == torch.bool or mask.dtype in _INTEGER or mask.is_floating_point()):
         raise ValueError(f"{name} must be bool, integer or floating point, got dtype {mask.dtype}")
+    check_mask_values(name, mask)
+
+
+def check_mask_values(name: str, mask: torch.Tensor):
+    """Every entry of `mask` is 1 or 0; nothing while a graph is captured."""
     if mask.dtype != torch.bool and not is_tracing(mask):
         bad = (mask != 0) & (mask != 1)
         if bool(bad.any()):
             _raise_at(name, mask, bad, "is not 1 (attend) or 0 (padding); an additive mask (0 / -inf) "
                                        "is not accepted")
+
+
+def check_values(arguments: dict, tables: dict[str, tuple[int, str]]):
+    """The checks on values alone, for a forward call's `arguments` (name -> value): each integer tensor named in
+    `tables` (name -> (size, the size's name)) indexes within its table, and the attention mask holds 1 and 0."""
+    for name, (limit, limit_name) in tables.items():
+        ids = arguments.get(name)
+        if isinstance(ids, torch.Tensor) and ids.dtype in _INTEGER:
+            check_range(name, ids, limit, limit_name)
+    if isinstance(arguments.get("attention_mask"), torch.Tensor):
+        check_mask_values("attention_mask", arguments["attention_mask"])
 
 
 def _check_tensor(name: str, value):

@@ -11,6 +11,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .hooks import HookedModel
+from .inputs import check_values
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("scratch_models")
@@ -30,6 +31,23 @@ class PretrainedModel(HookedModel):
     checkpoint_prefixed = False
     # the class's output layer is the word-embedding matrix unless config.tie_word_embeddings is false (LM heads)
     tied_output_layer = False
+    # each forward argument that indexes a table of the model -> the config field holding that table's size
+    table_indices: dict[str, str] = {}
+
+    def table_size(self, argument: str) -> tuple[int, str]:
+        """(size, config field) of the table `argument` indexes: what its ids are checked against."""
+        field = self.table_indices[argument]
+        return getattr(self.config, field), field
+
+    def check_input_values(self, *args, **kwargs) -> None:
+        """Check the values of a forward call's arguments as its forward pass does (every id within the table it
+        indexes, the attention mask 1 and 0): the checks a compiled graph cannot make, as they branch on values.
+        compile_model's wrapper makes them before each compiled call."""
+        try:
+            arguments = inspect.signature(self.forward).bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return  # arguments the forward pass does not take: it raises its own error for them
+        check_values(arguments, {name: self.table_size(name) for name in self.table_indices})
 
     @classmethod
     def from_pretrained(cls, name_or_path, *, dtype: torch.dtype | str | None = None, device=None,

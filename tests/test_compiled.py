@@ -168,6 +168,37 @@ def test_compiled_run_with_cache_leaves_no_hook_behind_and_falls_back_to_eager_f
         fast.run_with_cache(**inputs, metric=metric)
 
 
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_compile_model_refuses_bad_values_with_the_models_own_error(saved, family):
+    """An id past the vocabulary, a position past the table, an additive mask: a compiled graph cannot check values,
+    and a parallel CPU kernel that indexes out of bounds aborts the process (pytorch/pytorch#195402), so the wrapper
+    makes the model's checks on values first and raises its ValueError naming the entry, for calls and for
+    run_with_cache alike; with gradients on as well as off. Good inputs are unaffected."""
+    model = OURS[family].from_pretrained(saved[family][0])
+    fast = compile_model(model)
+    inputs = padded()
+    vocab = model.config.vocab_size
+    positions = model.config.max_position_embeddings if family == "bert" else model.config.n_positions
+    bad = {
+        rf"input_ids\[2, 5\] = {vocab} is out of range: must be 0 <= id < vocab_size = {vocab}":
+            dict(inputs, input_ids=inputs["input_ids"].index_put((torch.tensor(2), torch.tensor(5)),
+                                                                 torch.tensor(vocab))),
+        rf"position_ids\[0, 8\] = {positions} is out of range":
+            dict(inputs, position_ids=torch.arange(1, 10)[None, :] + positions - 9),
+        r"attention_mask\[1, 0\] = -10000 is not 1 \(attend\) or 0":
+            dict(inputs, attention_mask=inputs["attention_mask"].masked_fill(inputs["attention_mask"] == 0, -10000)),
+    }
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            expected = fast(**inputs).logits
+            for message, arguments in bad.items():
+                for call in (fast, fast.run_with_cache):
+                    with pytest.raises(ValueError, match=message):
+                        call(**arguments)
+            assert torch.equal(fast(**inputs).logits, expected)
+            assert not fast.listening()
+
+
 def test_frozen_weights_edited_in_place_are_refused_and_unfrozen_ones_are_followed(saved):
     """freeze=True folds the weights into the compiled code: after an in-place edit the next call raises, naming
     the weight, instead of computing with the old one. An edit through `.data` escapes the tensor's version
