@@ -6,7 +6,8 @@
 `vs_default` is transformers' default (eager float32) time / ours. Weights are random, written in the real
 checkpoint layouts by transformers itself: speed does not depend on their values. Cases:
   limits     the machine's limits, measured first: GEMM peak per dtype (a large torch.matmul) and memory read
-             bandwidth (a reduction over a buffer far larger than the caches)
+             bandwidth (a reduction over a buffer far larger than the caches); on CPU also the rate at which the
+             packed bfloat16 linear layers alone read BERT-base's weights at b1xs16
   forward    BERT-base b8 x s128 and b1 x s16; GPT-2 124M b4 x s128 and b1 x s16 (transformers: SDPA)
   generate   GPT-2 124M greedy, batch 1, 64 new tokens after a 16-token prompt
   peers      TransformerLens' TransformerBridge and nnsight on the same GPT-2 weights, when installed (the
@@ -140,9 +141,35 @@ def machine_limits(device: str) -> dict:
 
 def limits(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     measured = machine_limits(device)
-    return ([{"limit": f"GEMM peak {_dtype_name(d)}", "value": f / 1e9, "unit": "GFLOP/s"}
+    rows = ([{"limit": f"GEMM peak {_dtype_name(d)}", "value": f / 1e9, "unit": "GFLOP/s"}
              for d, f in measured["gemm"].items()]
             + [{"limit": "memory read bandwidth", "value": measured["read"] / 1e9, "unit": "GB/s"}])
+    if device == "cpu":
+        stream = linear_stream()
+        rows.append({"limit": "BERT-base b1xs16 bf16 linear layers alone, read at", "value": stream / 1e9,
+                     "unit": f"GB/s ({100 * stream / measured['read']:.0f}% of the read bandwidth)"})
+    return rows
+
+
+def linear_stream() -> float:
+    """Bytes/s at which the CPU's packed bfloat16 linear layers (oneDNN, what a frozen compiled model calls) read
+    BERT-base's layer weights at 16 tokens, q/k/v as one matrix, with the caches flushed before each pass as a
+    forward pass finds them: the most a b1xs16 row can reach before any other work. Best of 10."""
+    generator = torch.Generator().manual_seed(0)
+    h, m = BERT_BASE["hidden_size"], BERT_BASE["intermediate_size"]
+    shapes = [(3 * h, h), (h, h), (m, h), (h, m)] * BERT_BASE["num_hidden_layers"]  # (out, in)
+    weights = [torch.randn(shape, generator=generator).bfloat16() for shape in shapes]
+    layers = [(torch.ops.mkldnn._reorder_linear_weight(w, 16), torch.zeros(w.shape[0], dtype=torch.bfloat16),
+               torch.randn(16, w.shape[1], generator=generator).bfloat16()) for w in weights]
+    flush = torch.ones(2**28)
+    times = []
+    for _ in range(11):
+        flush.add_(1)  # 1 GiB written: none of the weights is left in a cache
+        start = time.perf_counter()
+        for packed, bias, x in layers:
+            torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        times.append(time.perf_counter() - start)
+    return sum(w.nbytes for w in weights) / min(times[1:])
 
 
 @dataclasses.dataclass
@@ -330,35 +357,48 @@ def generate(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
 
 
 def peers(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
-    """Libraries that also let a person look inside a transformer, on the same GPT-2 weights, as each is used by
-    default (float32, eager): TransformerLens' TransformerBridge (transformers' model with TransformerLens' hook
-    points around it) and nnsight (transformers' model traced). `ratio` is the peer's time / ours. A peer that
-    is not installed gives one row saying so."""
+    """Libraries that also let a person look inside a transformer, on the same GPT-2 weights, for inference (under
+    torch.no_grad()): TransformerLens' TransformerBridge (transformers' model with TransformerLens' hook points
+    around it) and nnsight (transformers' model traced), each eager as it is used. `ratio` is the peer's time /
+    ours. Ours runs eagerly (its default) and, for a forward pass caching every activation, compiled too
+    (compile_model, frozen), which neither peer offers for caching; each row runs both sides in one dtype, float32
+    (the default) or bfloat16. A peer that is not installed gives one row saying so."""
     import transformers
 
     prompt, new = 16, 64
+    fp32, bf16 = torch.float32, torch.bfloat16
     ids = torch.randint(1000, (1, prompt), generator=torch.Generator().manual_seed(3)).to(device)
-    ours = GPT2LMHeadModel.from_pretrained(ckpt.gpt2, device=device)
-    hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2).to(device).eval()
-    tasks = {  # task -> what it caches, our run
-        "forward b1xs16": ("nothing", lambda: ours(ids).logits),
-        "forward b1xs16 caching every activation": (f"{len(ours.hook_names())} hook points",
-                                                    lambda: ours.run_with_cache(ids)),
-        f"greedy, {new} new tokens": ("nothing", lambda: ours.generate(ids, max_new_tokens=new, eos_token_id=None)),
-    }
+    ours = {dtype: GPT2LMHeadModel.from_pretrained(ckpt.gpt2, dtype=dtype, device=device) for dtype in (fp32, bf16)}
+    fast = {dtype: compile_model(model, freeze=True) for dtype, model in ours.items()}
+    with torch.no_grad():
+        cached = len(fast[fp32].run_with_cache(ids)[1])  # compiles, once per dtype
+        fast[bf16].run_with_cache(ids)
+    hf = {dtype: transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2, dtype=dtype).to(device).eval()
+          for dtype in (fp32, bf16)}
+    caching, greedy = "forward b1xs16 caching every activation", f"greedy, {new} new tokens"
+    tasks = [  # (task, our mode, dtype, what ours caches, our run)
+        ("forward b1xs16", "eager", fp32, "nothing", lambda: ours[fp32](ids).logits),
+        (caching, "eager", fp32, f"{cached} hook points", lambda: ours[fp32].run_with_cache(ids)),
+        (caching, "compiled", fp32, f"{cached} hook points", lambda: fast[fp32].run_with_cache(ids)),
+        (caching, "compiled", bf16, f"{cached} hook points", lambda: fast[bf16].run_with_cache(ids)),
+        (greedy, "eager", fp32, "nothing", lambda: ours[fp32].generate(ids, max_new_tokens=new, eos_token_id=None)),
+    ]
     rows = []
     for peer, build in (("TransformerBridge", _transformer_bridge), ("nnsight", _nnsight)):
         try:
-            runs = build(hf, ids, new, ckpt)
+            with torch.no_grad():
+                runs = {dtype: build(hf[dtype], ids, new, ckpt) for dtype in (fp32, bf16)}
         except ImportError as error:
             rows.append({"case": f"{peer}: skipped", "peer_caches": f"not installed ({error.name}); "
                          "pip install -e '.[peers]'"})
             continue
-        for task, (ours_caches, ours_run) in tasks.items():
-            peer_caches, peer_run = runs[task]
-            seconds = interleaved({"ours": ours_run, "peer": peer_run}, repeats if "greedy" not in task
-                                  else max(3, repeats // 4), _sync(device))
-            rows.append({"case": f"{peer}: {task}", "ours_ms": seconds["ours"] * 1e3,
+        for task, mode, dtype, ours_caches, ours_run in tasks:
+            peer_caches, peer_run = runs[dtype][task]
+            with torch.no_grad():
+                seconds = interleaved({"ours": ours_run, "peer": peer_run}, repeats if task != greedy
+                                      else max(3, repeats // 4), _sync(device))
+            rows.append({"case": f"{peer}: {task}", "ours_mode": f"{mode} {_dtype_name(dtype)}",
+                         "peer_mode": f"eager {_dtype_name(dtype)}", "ours_ms": seconds["ours"] * 1e3,
                          "peer_ms": seconds["peer"] * 1e3, "ratio": seconds["peer"] / seconds["ours"],
                          "ours_caches": ours_caches, "peer_caches": peer_caches})
     return rows
@@ -567,7 +607,7 @@ def patching(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
         fns = {"batched": lambda: get_act_patch_resid_pre(model, corrupted, clean_cache, metric),
                "one_at_a_time": one_at_a_time}
         if importlib.util.find_spec("transformer_lens") is not None:
-            fns["transformer_lens"] = _transformer_lens_sweep(clean, corrupted, device)
+            fns["transformer_lens"] = _transformer_lens_sweep(ckpt, clean, corrupted, device)
         seconds = interleaved(fns, max(1, repeats // 10), _sync(device))
         rows.append({"case": f"GPT-2 124M resid_pre sweep {layers}x{seq}, token {changed} changed",
                      "batched_ms": seconds["batched"] * 1e3, "one_at_a_time_ms": seconds["one_at_a_time"] * 1e3,
@@ -579,18 +619,17 @@ def patching(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     return rows
 
 
-def _transformer_lens_sweep(clean: torch.Tensor, corrupted: torch.Tensor, device: str):
-    """TransformerLens' get_act_patch_resid_pre on a HookedTransformer of GPT-2 124M's shape (random weights:
-    only its time is compared)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig, patching as tl_patching
+def _transformer_lens_sweep(ckpt: Checkpoints, clean: torch.Tensor, corrupted: torch.Tensor, device: str):
+    """TransformerLens' get_act_patch_resid_pre on its TransformerBridge of the same GPT-2 weights (TransformerLens
+    4 has no HookedTransformer; its patching module runs on the bridge)."""
+    import transformers
+    from transformer_lens import patching as tl_patching
+    from transformer_lens.model_bridge import TransformerBridge
 
-    config = HookedTransformerConfig(n_layers=GPT2_SMALL["n_layer"], d_model=GPT2_SMALL["n_embd"],
-                                     n_ctx=GPT2_SMALL["n_positions"], d_head=64, n_heads=GPT2_SMALL["n_head"],
-                                     d_mlp=4 * GPT2_SMALL["n_embd"], d_vocab=GPT2_SMALL["vocab_size"],
-                                     act_fn="gelu_new", normalization_type="LN", device=device)
-    model = HookedTransformer(config).eval()
-    _, clean_cache = model.run_with_cache(clean)
-    return lambda: tl_patching.get_act_patch_resid_pre(model, corrupted, clean_cache,
+    hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2).to(device).eval()
+    bridge = TransformerBridge.boot_transformers(str(ckpt.gpt2), hf_model=hf)
+    _, clean_cache = bridge.run_with_cache(clean)
+    return lambda: tl_patching.get_act_patch_resid_pre(bridge, corrupted, clean_cache,
                                                        lambda logits: (logits[:, -1, 11] - logits[:, -1, 12]).mean())
 
 
