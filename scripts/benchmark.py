@@ -35,8 +35,10 @@ nn.Identity), which is what HookPoint's own `__call__` skips.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import functools
+import io
 import json
 import os
 import statistics
@@ -629,8 +631,13 @@ def _transformer_lens_sweep(ckpt: Checkpoints, clean: torch.Tensor, corrupted: t
     hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2).to(device).eval()
     bridge = TransformerBridge.boot_transformers(str(ckpt.gpt2), hf_model=hf)
     _, clean_cache = bridge.run_with_cache(clean)
-    return lambda: tl_patching.get_act_patch_resid_pre(bridge, corrupted, clean_cache,
+
+    def sweep():
+        with contextlib.redirect_stderr(io.StringIO()):  # its progress bar, 240 patches long, on every run
+            return tl_patching.get_act_patch_resid_pre(bridge, corrupted, clean_cache,
                                                        lambda logits: (logits[:, -1, 11] - logits[:, -1, 12]).mean())
+
+    return sweep
 
 
 CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load, "cold": cold,
