@@ -54,12 +54,15 @@ class CompiledModel:
         self._forward = torch.compile(model, dynamic=False, fullgraph=True)
         self._recorded: dict[str, torch.Tensor] = {}  # run_with_cache's: what the recorders heard in one call
         self._recorders: dict[str, _Recorder] = {}
-        self._recording = threading.Lock()
+        # The wrapper's calls take turns: while run_with_cache's recorders listen on the model's hook points, any
+        # other run of the model would be heard too, and its tensors would land in that cache.
+        self._turns = threading.RLock()
 
     def __call__(self, *args, **kwargs):
-        if self.listening():
-            return self.model(*args, **kwargs)
-        return self._compiled_forward(*args, **kwargs)
+        with self._turns:
+            if self.listening():
+                return self.model(*args, **kwargs)
+            return self._compiled_forward(*args, **kwargs)
 
     def _compiled_forward(self, *args, **kwargs):
         """The compiled forward pass, after the model's checks on the values of its arguments, which the graph
@@ -83,12 +86,12 @@ class CompiledModel:
         such as `attn.probs` takes the explicit attention path in it, as it does eagerly). The values are the
         compiled graph's, within the compiled forward's bounds of the eager ones, not bitwise. Anything else is the
         model's own run_with_cache, eagerly; so is a set of names beyond torch's recompile limit."""
-        if hooks or incl_bwd or metric is not None or self.listening():
-            return self.model.run_with_cache(*args, names=names, hooks=hooks, incl_bwd=incl_bwd, metric=metric,
-                                             **kwargs)
-        points = self._points
-        wanted = names_to_cache(points, names)
-        with self._recording:
+        with self._turns:
+            if hooks or incl_bwd or metric is not None or self.listening():
+                return self.model.run_with_cache(*args, names=names, hooks=hooks, incl_bwd=incl_bwd, metric=metric,
+                                                 **kwargs)
+            points = self._points
+            wanted = names_to_cache(points, names)
             try:
                 for name in wanted:
                     points[name].listen(self._recorders.setdefault(name, _Recorder(name, self._recorded)))
@@ -152,6 +155,11 @@ class CompiledLM(CompiledModel, GenerationMixin):
     def __init__(self, model, freeze: bool):
         super().__init__(model, freeze)
         self._step = torch.compile(_decoding_step, dynamic=False, fullgraph=True)
+
+    def generate(self, *args, **kwargs):
+        """GenerationMixin.generate, taking its turn among the wrapper's calls."""
+        with self._turns:
+            return super().generate(*args, **kwargs)
 
     def decoding(self, attention_mask: torch.Tensor, capacity: int) -> CachedDecoding:
         if self.listening():

@@ -264,6 +264,42 @@ def test_static_kv_cache_writes_one_column_in_place_and_refuses_more():
         static.update(0, k, k)
 
 
+def test_a_call_in_another_thread_waits_while_a_compiled_cache_listens(saved):
+    """While run_with_cache's recorders listen on the model's hook points, a call in another thread would see a
+    listening model, run it eagerly, and be heard: its tensors would land in that cache. The wrapper's calls take
+    turns: the second call waits until the cache is taken, and each gets its own tensors."""
+    import threading
+
+    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"][0])
+    fast = compile_model(model)
+    mine = padded()
+    other = dict(mine, input_ids=mine["input_ids"].flip(1))
+    _, expected = fast.run_with_cache(**mine, names=["layers.0.out"])  # compiles both graphs: grad mode is
+    other_logits = fast(**other).logits  # per thread, so the threads below run as this one does
+    inside, release = threading.Event(), threading.Event()
+    compiled_forward = fast._compiled_forward
+
+    def held(*args, **kwargs):  # the cache's compiled call, paused with its recorders listening
+        inside.set()
+        release.wait(10)
+        return compiled_forward(*args, **kwargs)
+
+    fast._compiled_forward = held
+    caches, logits = [], []
+    first = threading.Thread(target=lambda: caches.append(fast.run_with_cache(**mine, names=["layers.0.out"])[1]))
+    second = threading.Thread(target=lambda: logits.append(fast(**other).logits))
+    first.start()
+    assert inside.wait(10)
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the second call ran while the first one's recorders listened"
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert torch.equal(caches[0]["layers.0.out"], expected["layers.0.out"])
+    assert torch.equal(logits[0], other_logits) and not fast.listening()
+
+
 def test_frozen_and_unfrozen_calls_in_two_threads_leave_inductors_freezing_as_it_was(saved):
     """inductor's `freezing` is process-wide. A frozen call in one thread and an unfrozen one in another, the second
     started while the first runs: each sees its own setting, and the setting is off afterwards. Patched and restored
