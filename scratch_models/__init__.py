@@ -4,21 +4,17 @@
     model = BertModel.from_pretrained("bert-base-uncased")
     out, cache = model.run_with_cache(input_ids, names=["layers.3.attn.probs"])
 
-This package does not import transformers; only the parity report, the command line and the tests do.
+Each family is a package (scratch_models.bert, scratch_models.gpt2, ...) registered in scratch_models.families;
+its classes and config are exported here. This package does not import transformers; only the parity report, the
+command line and the tests do.
 """
 
-from .bert import BertForMaskedLM, BertModel
-from .bert_heads import (BertForMultipleChoice, BertForNextSentencePrediction, BertForPreTraining,
-                         BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification)
-from .config import BertConfig, ConfigError, GPT2Config
-from .gpt2 import GPT2LMHeadModel, GPT2Model
-from .gpt2_heads import (GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
-                         GPT2ForTokenClassification)
+from .config import ConfigError
+from .families import FAMILIES
 from .tokenizer import Tokenizer
 from weight_mapping import CheckpointError
 
-__all__ = ["BertConfig", "BertForMaskedLM", "BertForMultipleChoice", "BertForNextSentencePrediction",
-           "BertForPreTraining", "BertForQuestionAnswering", "BertForSequenceClassification",
-           "BertForTokenClassification", "BertModel", "CheckpointError", "ConfigError", "GPT2Config",
-           "GPT2DoubleHeadsModel", "GPT2ForQuestionAnswering", "GPT2ForSequenceClassification",
-           "GPT2ForTokenClassification", "GPT2LMHeadModel", "GPT2Model", "Tokenizer"]
+_exported = {cls.__name__: cls for family in FAMILIES.values() for cls in (family.config_class, *family.classes)}
+globals().update(_exported)
+
+__all__ = sorted(["CheckpointError", "ConfigError", "FAMILIES", "Tokenizer", *_exported])

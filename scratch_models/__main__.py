@@ -1,5 +1,7 @@
-"""`python -m scratch_models` is the same command as `scratch-models`."""
+"""`python -m scratch_models` is the same command as `scratch-models`: the console script the installed package
+declares, found through its metadata, so the library itself imports nothing of the command line."""
 
-from scratch_models_cli.cli import main
+from importlib.metadata import entry_points
 
-raise SystemExit(main())
+(command,) = entry_points(group="console_scripts", name="scratch-models")
+raise SystemExit(command.load()())

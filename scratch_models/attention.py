@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .hooks import HookPoint
+from .hook_point import HookPoint
 from .tracing import is_tracing
 
 
@@ -99,7 +99,12 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
     return torch.matmul(dropped, v), weights  # each query's weighted sum of the values
 
 
-RESULT_DOC = ("[b, s, n, h] each head's output in the residual stream's basis: its context through its rows of the "
+def result_point() -> HookPoint:
+    """The opt-in `attn.result` hook point of an attention layer (see project_heads)."""
+    return HookPoint("b, s, n, h", RESULT_DOC, opt_in=True)
+
+
+RESULT_DOC = ("each head's output in the residual stream's basis: its context through its rows of the "
               "output projection, without the bias; the sum over heads plus the bias is `attn.proj`. Computed only "
               "while listened to (then `attn.proj` is built from it, edits included); `run_with_cache` caches it "
               "only when named")

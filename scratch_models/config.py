@@ -27,11 +27,11 @@ MAX_LABELS = 2**20  # classes of a classification head (ImageNet-21k has 21841)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Config:
+class ModelConfig:
     model_type = ""
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "config") -> "_Config":
+    def from_dict(cls, raw: dict, source: str = "config") -> "ModelConfig":
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
         found_type = raw.get("model_type")
@@ -61,7 +61,7 @@ class _Config:
         return config
 
     @classmethod
-    def from_json_file(cls, path) -> "_Config":
+    def from_json_file(cls, path) -> "ModelConfig":
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -145,13 +145,13 @@ def _labels(id2label: dict | None, num_labels, source: str) -> dict[int, str]:
     return dict(sorted(labels.items()))
 
 
-def _require_positive(config, source: str, *names: str) -> None:
+def require_positive(config, source: str, *names: str) -> None:
     for name in names:
         if not 0 < getattr(config, name) < math.inf:  # JSON as Python reads it allows NaN and Infinity
             raise ConfigError(f"{source}: field {name!r} must be positive and finite, got {getattr(config, name)}")
 
 
-def _require_sane_sizes(config, source: str, layers: str, *matrices: tuple[str, str]) -> None:
+def require_sane_sizes(config, source: str, layers: str, *matrices: tuple[str, str]) -> None:
     """`layers` at most MAX_LAYERS, and each weight matrix (rows field, columns field) at most MAX_MATRIX elements."""
     if getattr(config, layers) > MAX_LAYERS:
         raise ConfigError(f"{source}: field {layers!r} is {getattr(config, layers)}, more than the {MAX_LAYERS} "
@@ -166,7 +166,7 @@ def _require_sane_sizes(config, source: str, layers: str, *matrices: tuple[str, 
                               f"2**{MAX_MATRIX.bit_length() - 1} accepted")
 
 
-def _require_problem_type(config, source: str) -> None:
+def require_problem_type(config, source: str) -> None:
     if config.problem_type is not None and config.problem_type not in PROBLEM_TYPES:
         raise ConfigError(f"{source}: field 'problem_type' is {config.problem_type!r}; it should be null or one of "
                           f"{', '.join(PROBLEM_TYPES)}")
@@ -175,142 +175,7 @@ def _require_problem_type(config, source: str) -> None:
                           "names 1 (binary classification: 2 labels, or problem_type regression)")
 
 
-def _require_probability(config, source: str, *names: str) -> None:
+def require_probability(config, source: str, *names: str) -> None:
     for name in names:
         if not 0.0 <= getattr(config, name) < 1.0:
             raise ConfigError(f"{source}: field {name!r} must be in [0, 1), got {getattr(config, name)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig(_Config):
-    model_type = "bert"
-
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    hidden_act: str = "gelu"
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    pad_token_id: int = 0
-    # the MLM decoder scores against the word embeddings (tied); false: it has a matrix and bias of its own
-    tie_word_embeddings: bool = True
-    # task heads, as transformers' PretrainedConfig has them: the classes of a classifier (see num_labels), how its
-    # loss is chosen (None: from num_labels and the labels' dtype), and its dropout (None: hidden_dropout_prob)
-    id2label: dict | None = None
-    problem_type: str | None = None
-    classifier_dropout: float | None = None
-
-    @classmethod
-    def fixed_settings(cls) -> dict:
-        return {
-            "position_embedding_type": ("absolute", "only absolute position embeddings are implemented"),
-            "is_decoder": (False, "a causal (decoder) BERT is not implemented"),
-            "add_cross_attention": (False, "cross-attention is not implemented"),
-        }
-
-    def validate(self, source: str) -> None:
-        _require_positive(self, source, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                          "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
-        _require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
-                            ("max_position_embeddings", "hidden_size"), ("type_vocab_size", "hidden_size"),
-                            ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
-        _require_probability(self, source, "hidden_dropout_prob", "attention_probs_dropout_prob")
-        if self.classifier_dropout is not None:
-            _require_probability(self, source, "classifier_dropout")
-        _require_problem_type(self, source)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                f"num_attention_heads {self.num_attention_heads}"
-            )
-        from .activations import get_activation
-
-        try:
-            get_activation(self.hidden_act, "hidden_act")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-
-@dataclasses.dataclass(frozen=True)
-class GPT2Config(_Config):
-    model_type = "gpt2"
-
-    vocab_size: int
-    n_positions: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_inner: int | None = None  # MLP width; None means 4 * n_embd
-    activation_function: str = "gelu_new"
-    layer_norm_epsilon: float = 1e-5
-    resid_pdrop: float = 0.1
-    embd_pdrop: float = 0.1
-    attn_pdrop: float = 0.1
-    scale_attn_weights: bool = True  # divide attention scores by sqrt(head_dim)
-    scale_attn_by_inverse_layer_idx: bool = False  # and also by layer index + 1 (Stanford CRFM Mistral runs)
-    bos_token_id: int | None = 50256
-    eos_token_id: int | None = 50256
-    pad_token_id: int | None = None
-    # the LM head scores against the token embeddings, wte (tied); false: it has a matrix of its own (lm_head)
-    tie_word_embeddings: bool = True
-    # task heads, as transformers' PretrainedConfig has them (see BertConfig)
-    id2label: dict | None = None
-    problem_type: str | None = None
-    # GPT2ForTokenClassification's dropout: classifier_dropout, else hidden_dropout, else 0.1 (transformers reads
-    # both when config.json has them)
-    classifier_dropout: float | None = None
-    hidden_dropout: float | None = None
-    # GPT2DoubleHeadsModel's multiple-choice head (transformers' GPT2SequenceSummary); the model refuses the
-    # settings it does not build (see gpt2_heads.py)
-    summary_type: str = "cls_index"
-    summary_use_proj: bool = True
-    summary_proj_to_labels: bool = True
-    summary_activation: str | None = None
-    summary_first_dropout: float = 0.1
-    summary_last_dropout: float = 0.0
-
-    @classmethod
-    def fixed_settings(cls) -> dict:
-        return {
-            "add_cross_attention": (False, "cross-attention (GPT-2 as a decoder of an encoder) is not implemented"),
-            "reorder_and_upcast_attn": (False, "the fp32 upcast attention of Stanford CRFM's Mistral runs is "
-                                               "not implemented"),
-        }
-
-    def validate(self, source: str) -> None:
-        _require_positive(self, source, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
-                          "layer_norm_epsilon")
-        if self.n_inner is not None:
-            _require_positive(self, source, "n_inner")
-        _require_sane_sizes(self, source, "n_layer", ("vocab_size", "n_embd"), ("n_positions", "n_embd"),
-                            ("n_embd", "n_embd"), ("n_inner", "n_embd"))
-        _require_probability(self, source, "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout",
-                             "summary_last_dropout")
-        _require_probability(self, source, *(name for name in ("classifier_dropout", "hidden_dropout")
-                                             if getattr(self, name) is not None))
-        _require_problem_type(self, source)
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
-        from .activations import get_activation
-
-        try:
-            get_activation(self.activation_function, "activation_function")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def inner_dim(self) -> int:
-        return 4 * self.n_embd if self.n_inner is None else self.n_inner

@@ -1,9 +1,8 @@
 """Named hook points: read any intermediate tensor by name, or replace it.
 
-A `HookPoint` is an identity placed on a tensor inside a forward pass. Its name is its path in the module tree
-(`layers.3.attn.probs`; a pure container such as BertEncoder is left out), so names are stable and need no second
-list. With nobody listening it returns its
-input after one attribute test: `__call__` is overridden to skip nn.Module's call machinery.
+A hook point's name is its path in the module tree (`layers.3.attn.probs`; a pure container such as BertEncoder is
+left out), so names are stable and need no second list. `HookedModel` runs a model with listeners on them:
+`run_with_hooks` edits, `run_with_cache` records into an `ActivationCache`.
 """
 
 import contextlib
@@ -14,32 +13,10 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .activation_cache import ActivationCache
+from .hook_point import HookPoint
+
 HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
-
-
-class HookPoint(nn.Module):
-    """`doc` says what the tensor is and its shape; `docs/hook_names.md` is generated from it. `opt_in`: a point whose
-    tensor is computed only for a listener (it costs work and memory of its own), so `run_with_cache` caches it only
-    when named."""
-
-    def __init__(self, doc: str, opt_in: bool = False):
-        super().__init__()
-        self.doc = doc
-        self.opt_in = opt_in
-        self.fn = None  # set only while a listener is attached
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.fn is None else self.fn(x)
-
-    def listen(self, fn) -> None:
-        """Set the listener (None: none). Past nn.Module's __setattr__, which takes ten times as long (a full
-        cache sets and clears some 170 listeners per run) and would register a listener that is a module as a
-        submodule of the model."""
-        object.__setattr__(self, "fn", fn)
-
-    @property
-    def active(self) -> bool:
-        return self.fn is not None
 
 
 class HookedModel(nn.Module):
@@ -67,8 +44,12 @@ class HookedModel(nn.Module):
         return list(self.hook_points())
 
     def hook_docs(self) -> dict[str, str]:
-        """Hook name -> what the tensor is, with its shape."""
-        return {name: point.doc for name, point in self.hook_points().items()}
+        """Hook name -> what the tensor is, with its shape in front."""
+        return {name: point.described for name, point in self.hook_points().items()}
+
+    def hook_dims(self) -> dict[str, tuple[str, ...]]:
+        """Hook name -> the tensor's axes, e.g. ("b", "n", "s", "p + s")."""
+        return {name: point.dims for name, point in self.hook_points().items()}
 
     @contextlib.contextmanager
     def hooks(self, hooks: Iterable[tuple[str, HookFn]]):
@@ -171,8 +152,6 @@ def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[
 def activation_cache(model: nn.Module, cache: dict[str, torch.Tensor], args, kwargs):
     """`cache` as the ActivationCache of `model`'s run on `args`, `kwargs`: it remembers the run's input_ids and
     attention_mask, found by the forward's own argument names."""
-    from .analysis.cache import ActivationCache
-
     bound = inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments
     return ActivationCache(cache, model, input_ids=bound.get("input_ids"), attention_mask=bound.get("attention_mask"))
 

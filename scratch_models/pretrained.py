@@ -23,6 +23,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class PretrainedModel(HookedModel):
     config_class = None  # the model family's config dataclass
     mapping_table = None  # the family's weight_mapping table
+    family = None  # the family's declaration (scratch_models.family.Family), set when the family declares itself
+    # inputs are [batch, choices, seq]: one sequence per (example, choice)
+    multiple_choice = False
+    # a classifier that reads each row's last token that is not padding: batches of several rows need pad_token_id
+    reads_last_token = False
     # the checkpoint's tokenizer (scratch_models.Tokenizer), set by from_pretrained; assign one to a model built
     # otherwise
     tokenizer = None
@@ -85,8 +90,7 @@ class PretrainedModel(HookedModel):
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use
-        model.tokenizer = Tokenizer(checkpoint.directory,
-                                    token_type_ids="token_type_ids" in inspect.signature(cls.forward).parameters)
+        model.tokenizer = Tokenizer(checkpoint.directory, token_type_ids=cls.family.pairs)
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, name_or_path, info.summary())
         return model.eval()
 

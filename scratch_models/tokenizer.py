@@ -34,8 +34,8 @@ class Tokenizer:
     """The tokenizer of the checkpoint at `name_or_path` (a directory, a weights file in one, `minilm` or a hub id).
 
     Its files are read on first use, so a model carries one at no cost (`model.tokenizer`); `from_pretrained` reads
-    them at once. `token_type_ids`: return token types (BERT's segments) from `__call__`; None: for a BERT checkpoint
-    (config.json's model_type "bert"). `backend` is the tokenizers.Tokenizer, and `special_ids` maps each role the
+    them at once. `token_type_ids`: return token types (BERT's segments) from `__call__`; None: when the checkpoint's
+    config.json sizes a table of them (`type_vocab_size`, as BERT's does). `backend` is the tokenizers.Tokenizer, and `special_ids` maps each role the
     checkpoint names (bos, eos, unk, sep, pad, cls, mask) to its id."""
 
     def __init__(self, name_or_path, *, token_type_ids: bool | None = None):
@@ -169,7 +169,8 @@ def _read(name_or_path: str, token_type_ids: bool | None):
     configs = {name: _json(files[name]) for name in ("tokenizer_config.json", "special_tokens_map.json",
                                                      "config.json") if name in files}
     if token_type_ids is None:
-        token_type_ids = configs.get("config.json", {}).get("model_type") == "bert"
+        # the model reads token types when its config sizes a table of them (BERT's type_vocab_size)
+        token_type_ids = "type_vocab_size" in configs.get("config.json", {})
     return backend, _special_ids(backend, configs, path), token_type_ids
 
 
@@ -181,7 +182,7 @@ def _files(name_or_path) -> dict[str, Path]:
         directory = path if path.is_dir() else path.parent
     else:
         directory = open_checkpoint(name_or_path).directory
-    wanted = (*TOKENIZER_FILES, "config.json")  # config.json: a BERT's model_type, GPT-2's special token ids
+    wanted = (*TOKENIZER_FILES, "config.json")  # config.json: token types, GPT-2's special token ids
     return {name: directory / name for name in wanted if (directory / name).is_file()}
 
 

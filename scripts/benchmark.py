@@ -557,7 +557,7 @@ def hook_calls_per_forward(model, inputs) -> int:
 
 def hooks(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     x = torch.zeros(8, 128, 768)
-    idle = seconds_per_call(HookPoint("benchmark"), x)
+    idle = seconds_per_call(HookPoint("x", "benchmark"), x)
     module_call = seconds_per_call(nn.Identity(), x)
     rows = []
     for name, model, batch, seq in (("BERT-base", BertModel.from_pretrained(ckpt.bert), 8, 128),

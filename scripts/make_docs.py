@@ -7,7 +7,7 @@
 import argparse
 import sys
 
-from scratch_models_cli.docs import write_docs
+from scratch_models_docs.hook_names import write_docs
 
 
 def main() -> int:

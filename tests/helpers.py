@@ -26,7 +26,7 @@ def assert_parity(ours: torch.Tensor, ref: torch.Tensor, what: str, atol: float 
 def sighted(family: str, attention_mask: torch.Tensor) -> torch.Tensor:
     """[b, s] True where the query sees a key. Elsewhere (left padding in GPT-2, an all-zero row in BERT) our
     attention and transformers' SDPA give 0 and transformers' eager an even spread: compare with eager here only."""
-    from scratch_models_cli.families import FAMILIES
+    from scratch_models.families import FAMILIES
 
     return FAMILIES[family].sighted(attention_mask)
 

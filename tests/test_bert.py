@@ -177,7 +177,7 @@ def test_the_card_shape_embeddings_encoder_pooler_with_short_hook_names():
     """BertEmbeddings -> BertEncoder (owning the layer stack) -> BertPooler, as classes; hook points are named
     from the stack down, as in GPT-2, while parameters keep their full path."""
     from scratch_models import BertConfig
-    from scratch_models.bert import BertEmbeddings, BertEncoder, BertPooler
+    from scratch_models.bert.model import BertEmbeddings, BertEncoder, BertPooler
 
     model = BertModel(BertConfig(vocab_size=11, hidden_size=6, num_hidden_layers=2, num_attention_heads=3,
                                  intermediate_size=5))

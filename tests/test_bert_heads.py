@@ -18,7 +18,7 @@ import transformers
 import scratch_models
 from helpers import assert_parity, randomize_, write_config, write_weights
 from scratch_models import BertModel, CheckpointError
-from scratch_models_cli.docs import OUTPUT_FIELDS
+from scratch_models.families import FAMILIES
 from scratch_models_cli.verify import compare_modules
 from test_bert import BERT_BASE, legacy_state
 from test_export import export, file_tensors
@@ -144,7 +144,7 @@ def test_logits_and_loss_match_transformers(tmp_path, case, layout):
         for i, (a, b) in enumerate(zip(getattr(out, what), getattr(ref, what), strict=True)):
             record(case, what, assert_parity(a, b, f"{case}: {what}[{i}]"))
     for name in fields.keys() - {"loss"}:  # each head output has the hook point of its name (docs/hook_names.md)
-        assert OUTPUT_FIELDS["bert"][name] == name and torch.equal(cache[name], fields[name]), name
+        assert FAMILIES["bert"].output_fields[name] == name and torch.equal(cache[name], fields[name]), name
     if class_name == "BertForSequenceClassification":
         assert ours.config.num_labels == theirs.config.num_labels and ours.config.label(0) == theirs.config.id2label[0]
         assert ours.dropout.p == (changes.get("classifier_dropout") or 0.1)

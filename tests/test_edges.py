@@ -273,7 +273,7 @@ def test_layer_outputs_are_kept_through_the_forward_only_when_hidden_states_are_
 
 def test_loading_leaves_torch_init_working_in_other_threads(saved, monkeypatch):
     """While from_pretrained builds its model without init, a module built in another thread is initialised."""
-    from scratch_models import bert
+    from scratch_models.bert import model as bert
 
     building, built_elsewhere = threading.Event(), threading.Event()
     original = bert.BertEmbeddings.__init__

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from helpers import randomize_
-from scratch_models.gpt2 import GPT2LMHeadModel
+from scratch_models.gpt2.model import GPT2LMHeadModel
 
 VOCAB = 100
 WIDTH = 6  # prompt columns

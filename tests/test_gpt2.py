@@ -12,9 +12,9 @@ import transformers
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from helpers import ATOL, LOGITS_ATOL, assert_parity, hub_model_available, randomize_, sighted, write_weights
-from scratch_models.config import ConfigError, GPT2Config
+from scratch_models import ConfigError, GPT2Config
 from scratch_models.generation import KVCache, warp
-from scratch_models.gpt2 import GPT2LMHeadModel, GPT2Model
+from scratch_models.gpt2.model import GPT2LMHeadModel, GPT2Model
 from scratch_models_cli.verify import TOLERANCES, compare_modules
 from weight_mapping import GPT2, CheckpointError
 

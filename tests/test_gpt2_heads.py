@@ -21,7 +21,7 @@ from safetensors import safe_open
 from helpers import ATOL, RTOL, assert_parity, randomize_, sighted, write_weights
 from scratch_models import (GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
                             GPT2ForTokenClassification, GPT2LMHeadModel, GPT2Model)
-from scratch_models.config import ConfigError, GPT2Config
+from scratch_models import ConfigError, GPT2Config
 from scratch_models_cli.verify import compare_modules
 from test_export import assert_transformers_layout, export
 from test_training import GRAD_TOL, paired_parameters

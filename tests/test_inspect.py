@@ -22,7 +22,8 @@ from scratch_models.attention_plots import (GRID_CELL, GRID_LEFT, GRID_TOP, HEAD
 from scratch_models.display import PNG
 from scratch_models.inspection import AttentionCapture, attention_names, format_summary, summarize
 from scratch_models_cli.cli import main
-from scratch_models_cli.docs import OUTPUT_FIELDS, hook_names_markdown
+from scratch_models.families import FAMILIES
+from scratch_models_docs.hook_names import hook_names_markdown
 from scratch_models_cli.verify import at_sighted
 from weight_mapping import embedded_checkpoint
 from helpers import LOGITS_ATOL, assert_parity, randomize_, sighted
@@ -46,12 +47,12 @@ def cached_by_default(model) -> list[str]:
 
 
 def check_output_fields(family: str, cache: dict, reference_out, num_layers: int, atol: float = 1e-5,
-                        docs: dict | None = None, seen: torch.Tensor | None = None):
-    """Every equality docs/hook_names.md claims (OUTPUT_FIELDS) holds against transformers' outputs, at the queries
-    marked in `seen` [b, s] (None: everywhere), located through the hook points' `docs`."""
+                        dims: dict | None = None, seen: torch.Tensor | None = None):
+    """Every equality docs/hook_names.md claims (each family's output_fields) holds against transformers' outputs, at the queries
+    marked in `seen` [b, s] (None: everywhere), located through the hook points' `dims`."""
     fields = {k: v for k, v in reference_out.items() if v is not None}
     checked = 0
-    for pattern, expression in OUTPUT_FIELDS[family].items():
+    for pattern, expression in FAMILIES[family].output_fields.items():
         for i in range(num_layers) if "{i}" in pattern else [None]:
             if family == "gpt2" and pattern == "layers.{i}.out" and i == num_layers - 1:
                 continue  # transformers puts ln_f in the last block's place, as the page says
@@ -60,7 +61,7 @@ def check_output_fields(family: str, cache: dict, reference_out, num_layers: int
                 continue
             ref = eval(expression, {}, {**fields, "i": i})  # the page's own words, e.g. hidden_states[i + 1]
             if seen is not None:
-                cache_at, ref = at_sighted(cache[name], docs[name], seen), at_sighted(ref, docs[name], seen)
+                cache_at, ref = at_sighted(cache[name], dims[name], seen), at_sighted(ref, dims[name], seen)
             else:
                 cache_at = cache[name]
             assert_parity(cache_at, ref, f"{name} = {expression}", atol=max(atol, 1e-5))
@@ -109,7 +110,7 @@ def test_gpt2_cache_equals_transformers_at_every_documented_point(tiny_gpt2):
     # the queries that see a key
     seen = sighted("gpt2", batch["attention_mask"])
     assert not seen.all()
-    assert check_output_fields("gpt2", cache, ref, num_layers=2, atol=LOGITS_ATOL, docs=model.hook_docs(),
+    assert check_output_fields("gpt2", cache, ref, num_layers=2, atol=LOGITS_ATOL, dims=model.hook_dims(),
                                seen=seen) == 1 + 2 + 1 + 1 + 1
     # the exception the page states: the last block's output is not hidden_states[-1], ln_f is
     assert not torch.allclose(cache["layers.1.out"], ref.hidden_states[-1])

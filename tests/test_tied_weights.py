@@ -19,7 +19,7 @@ import transformers
 from helpers import ATOL, LOGITS_ATOL, RTOL, assert_parity, randomize_, write_weights
 from scratch_models import (BertForMaskedLM, BertForPreTraining, BertModel, GPT2DoubleHeadsModel, GPT2LMHeadModel,
                             GPT2Model)
-from scratch_models.config import BertConfig, ConfigError, GPT2Config
+from scratch_models import BertConfig, ConfigError, GPT2Config
 from test_export import assert_transformers_layout, export, file_tensors
 from test_training import GRAD_TOL, paired_parameters
 from weight_mapping import CheckpointError

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from scratch_models import attention
-from scratch_models.bert import BertSelfAttention
-from scratch_models_cli import docs
-from scratch_models_cli.walkthrough import ExcerptError, excerpt, image_paths, walkthrough_markdown
+from scratch_models.bert.model import BertSelfAttention
+from scratch_models_docs import hook_names as docs
+from scratch_models_docs.walkthrough import ExcerptError, excerpt, image_paths, walkthrough_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "walkthrough.md"

@@ -228,11 +228,11 @@ def hook_name(model, component: str, layer: int) -> str:
     attention and MLP: GPT-2's resid_mid; in post-LN BERT the normalised attention block output, which is what the
     MLP reads and adds to. attn_out, mlp_out: the sublayers' outputs before the residual sum. z: each head's
     output before the heads are merged, attn.context [b, n, s, d] (TransformerLens holds z as [b, s, n, d])."""
+    stream = model.family.stream(model)
     if component == "resid_pre":
-        return "embeddings.out" if layer == 0 else f"layers.{layer - 1}.out"
+        return stream.resid_pre(layer)
     if component == "resid_mid":
-        return f"layers.{layer}.resid_mid" if f"layers.{layer}.resid_mid" in model.hook_points() \
-            else f"layers.{layer}.attn.out"
+        return stream.resid_mid(layer)
     templates = {"attn_out": "layers.{i}.attn.proj", "mlp_out": "layers.{i}.mlp.proj", "z": "layers.{i}.attn.context"}
     if component not in templates:
         raise ValueError(f"unknown component {component!r}; choose from {', '.join(COMPONENTS)}")

@@ -12,7 +12,7 @@ import torch
 
 from weight_mapping import open_checkpoint
 
-from .families import at_least_one, family_of, require_tokenizer
+from .common import at_least_one, family_of, require_tokenizer
 
 SEQUENCE = {"BertForSequenceClassification", "GPT2ForSequenceClassification"}
 TOKENS = {"BertForTokenClassification", "GPT2ForTokenClassification"}

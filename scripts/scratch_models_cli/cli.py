@@ -10,7 +10,7 @@ import sys
 from scratch_models import CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
-from .families import at_least_one
+from .common import at_least_one
 from .targets import TARGETS
 
 MODEL = ("a checkpoint: `minilm` (the embedded real all-MiniLM-L6-v2, offline), a hub id, a local directory, a "
@@ -161,25 +161,26 @@ def _generate(args) -> int:
     import torch
     from transformers import TextStreamer
 
-    from scratch_models import GPT2LMHeadModel
     from weight_mapping import open_checkpoint
 
-    from .families import FAMILIES, family_of, require_tokenizer
+    from .common import family_of, require_tokenizer
 
     _check_generate_flags(args)
     checkpoint = open_checkpoint(args.model)
-    if family_of(checkpoint) is not FAMILIES["gpt2"]:
-        raise ValueError(f"{args.model}: generate continues a text with GPT-2; this is a "
-                         f"{family_of(checkpoint).table.family} checkpoint (fill-mask fills in a BERT's masks)")
+    family = family_of(checkpoint)
+    if not family.causal:
+        raise ValueError(f"{args.model}: generate continues a text with a causal language model; this is a "
+                         f"{family.name} checkpoint (fill-mask fills in a masked language model's masks)")
     tokenizer = require_tokenizer(checkpoint)
-    lm = GPT2LMHeadModel.from_pretrained(args.model, dtype=args.dtype, device=args.device)
+    lm = family.lm.from_pretrained(args.model, dtype=args.dtype, device=args.device)
     input_ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(args.device)
-    prompt, limit = input_ids.shape[1], lm.config.n_positions
-    FAMILIES["gpt2"].check_length(lm.config, prompt, "the prompt")
+    prompt, limit = input_ids.shape[1], getattr(lm.config, family.positions_field)
+    family.check_length(lm.config, prompt, "the prompt")
     if prompt + args.max_new_tokens > limit:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt's {prompt} tokens and "
                          f"{args.max_new_tokens} new ones need {prompt + args.max_new_tokens} positions; this model "
-                         f"has n_positions={limit}, so at most {limit - prompt} new tokens fit after this prompt")
+                         f"has {family.positions_field}={limit}, so at most {limit - prompt} new tokens fit after "
+                         "this prompt")
     generator = torch.Generator(args.device).manual_seed(args.seed)
     lm.generate(input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,

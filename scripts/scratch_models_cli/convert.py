@@ -7,7 +7,7 @@ import torch
 
 from weight_mapping import CheckpointError, open_checkpoint, staged
 
-from .families import family_of
+from .common import family_of
 
 
 def convert(source: str, destination, *, dtype: str | None = None, legacy: bool = False) -> str:

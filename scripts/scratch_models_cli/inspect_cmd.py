@@ -27,7 +27,7 @@ from scratch_models.attention_plots import attention_grid_png, head_png
 from scratch_models.inspection import AttentionCapture, format_summary, summarize
 from weight_mapping import EMBEDDED_NAME, open_checkpoint, staged
 
-from .families import family_of, require_device, require_tokenizer, written_files
+from .common import family_of, key_groups, require_device, require_tokenizer, written_files
 
 
 HEAD_PNG = re.compile(r"head_L\d+_H\d+\.png")  # the one name inspect writes that changes between runs
@@ -78,7 +78,7 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
     with torch.no_grad():
         _, cache = ours.run_with_cache(**inputs)
     capture = AttentionCapture.from_cache(cache, tokens, sentence_b_start=b_start)  # one text: no padding
-    heads = AttentionSummary.from_cache(cache, family.key_groups(tokenizer, [tokens], inputs["attention_mask"]))
+    heads = AttentionSummary.from_cache(cache, key_groups(family, tokenizer, [tokens], inputs["attention_mask"]))
     label = source if model else "all-MiniLM-L6-v2 (embedded: minilm)"
     summary = summarize(cache)
     page = AttentionPage(capture, layer=layer, head=head, query=token, window=window, title=label, heads=heads)

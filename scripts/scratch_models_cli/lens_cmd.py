@@ -16,13 +16,12 @@ from pathlib import Path
 
 import torch
 
-from scratch_models import BertForMaskedLM, GPT2LMHeadModel
 from scratch_models.analysis import LensTable, lens_table
 from scratch_models.lens_plot import lens_png, token_label
 from scratch_models.tokenizer import NoTokenizerJson
 from weight_mapping import CheckpointError, open_checkpoint, staged
 
-from .families import FAMILIES, at_least_one, family_of, require_device, require_tokenizer, written_files
+from .common import at_least_one, family_of, require_device, require_tokenizer, written_files
 
 CELL = 16  # characters per cell of the printed table
 
@@ -40,17 +39,13 @@ def lens(model: str, text: str, *, out: str | os.PathLike, top_k: int = 3, devic
     require_device(device)
     checkpoint = open_checkpoint(model)
     family = family_of(checkpoint)
-    if family is FAMILIES["bert"]:
-        config = family.base.config_class.from_json_file(checkpoint.config_path)
-        missing = family.missing_head_tensors(checkpoint, config, BertForMaskedLM)
-        if missing:
-            raise CheckpointError(f"{model}: the logit lens reads BERT's layers with the MLM head, and this "
-                                  f"checkpoint has none (no {', '.join(missing[:3])}): give one saved with it "
-                                  "(BertForMaskedLM or BertForPreTraining)")
-        reads = "the token at each position (masked-LM head)"
-    else:
-        reads = "the token after each position"
-    lm = (BertForMaskedLM if family is FAMILIES["bert"] else GPT2LMHeadModel).from_pretrained(model, device=device)
+    config = family.config_class.from_json_file(checkpoint.config_path)
+    missing = family.missing_head_tensors(checkpoint, config, family.lm)
+    if missing:
+        raise CheckpointError(f"{model}: the logit lens reads the layers with {family.lm.__name__}'s head, and this "
+                              f"checkpoint has none (no {', '.join(missing[:3])}): give one saved with it")
+    reads = "the token after each position" if family.causal else "the token at each position (masked-LM head)"
+    lm = family.lm.from_pretrained(model, device=device)
     inputs, tokens, decode = _encode(lm, checkpoint, text, device)
     with torch.no_grad():
         _, cache = lm.run_with_cache(**inputs, names=lambda n: re.fullmatch(r"embeddings\.out|layers\.\d+\.out", n))
@@ -86,9 +81,7 @@ def _encode(lm, checkpoint, text: str, device: str):
     except NoTokenizerJson:
         tokenizer = require_tokenizer(checkpoint)
     batch = tokenizer(text, return_tensors="pt")
-    names = ("input_ids", "attention_mask", "token_type_ids") if isinstance(lm, BertForMaskedLM) else (
-        "input_ids", "attention_mask")
-    inputs = {name: batch[name].to(device) for name in names if name in batch}
+    inputs = {name: batch[name].to(device) for name in lm.family.input_names if name in batch}
     return inputs, [tokenizer.decode([i]) for i in batch["input_ids"][0].tolist()], lambda i: tokenizer.decode([i])
 
 

@@ -24,7 +24,7 @@ from scratch_models.analysis.pages import patching_html
 from scratch_models.analysis.patching import PatchingResult, activation_patching
 from weight_mapping import staged
 
-from .families import at_least_one, written_files
+from .common import at_least_one, written_files
 from .targets import answer_id, describe, encode, load, positions, predictions
 
 

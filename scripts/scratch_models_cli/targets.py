@@ -12,13 +12,9 @@ import torch
 
 from weight_mapping import open_checkpoint
 
-from .families import family_of, require_device, require_tokenizer
+from .common import family_of, require_device, require_tokenizer
 
 TARGETS = ("next", "mlm", "class", "pooler")
-# our class -> the target its output carries
-TARGET_OF_HEAD = {"GPT2LMHeadModel": "next", "BertForMaskedLM": "mlm", "BertForPreTraining": "mlm",
-                  "BertForSequenceClassification": "class", "GPT2ForSequenceClassification": "class",
-                  "BertForNextSentencePrediction": "class", "BertModel": "pooler"}
 
 
 @dataclasses.dataclass
@@ -37,10 +33,10 @@ def load(source: str, target: str | None, device: str) -> Loaded:
     family = family_of(checkpoint)
     cls = family.widest_model(checkpoint, sequences_only=True)
     head = cls.__name__
-    if head not in TARGET_OF_HEAD:
+    if head not in family.targets:
         raise ValueError(f"{source} loads as {head}, which carries none of the targets ({', '.join(TARGETS)}): "
                          "heads and patch read LM, MLM and classification heads, and BERT's pooler")
-    own = TARGET_OF_HEAD[head]
+    own = family.targets[head]
     if target is not None and target != own:
         raise ValueError(f"--target {target}: {source} has the head {head}, which scores --target {own} only")
     tokenizer = require_tokenizer(checkpoint)

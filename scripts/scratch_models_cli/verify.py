@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
+from scratch_models.family import Family
 from scratch_models.pretrained import as_dtype
 from weight_mapping import EMBEDDED_NAME, open_checkpoint
 
-from .families import MULTIPLE_CHOICE, Family, family_of, plural, require_device
+from .common import encode, family_of, plural, require_device
 
 # (atol, rtol): a tensor passes when |ours - ref| <= atol + rtol * |ref| everywhere.
 TOLERANCES = {
@@ -113,7 +114,7 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
     num_layers = getattr(config, family.table.layers_field)
     notes = []
     if inputs is None:
-        inputs, described = family.encode(checkpoint, config, texts, pairs)
+        inputs, described = encode(family, checkpoint, config, texts, pairs)
     else:
         described = ["given tensors"]
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -172,9 +173,9 @@ def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype
     name = head.__name__
     ours = head.from_pretrained(source, dtype=dtype, device=device)
     notes += _loading_notes(name, ours.loading_info)
-    if name in MULTIPLE_CHOICE:
+    if head.multiple_choice:
         inputs = {key: value[None] for key, value in inputs.items()}  # [1, choices, seq]
-    if name == "GPT2ForSequenceClassification" and ours.config.pad_token_id is None and len(inputs["input_ids"]) > 1:
+    if head.reads_last_token and ours.config.pad_token_id is None and len(inputs["input_ids"]) > 1:
         inputs = {key: value[:1] for key, value in inputs.items()}
         notes.append(f"{name}: no pad_token_id in config.json, so one row at a time can be read: the first only")
 
@@ -226,12 +227,11 @@ def _half_logits_tolerance(field: str, ours, theirs, exact, dtype, notes: list[s
     return atol, rtol
 
 
-def at_sighted(tensor: torch.Tensor, doc: str, sighted: torch.Tensor | None) -> torch.Tensor:
-    """The entries of `tensor` (described by its hook point's `doc`, which opens with its shape, e.g. "[b, n, s, s]")
-    that belong to queries marked in `sighted` [b, s]; all of it when `sighted` is None."""
+def at_sighted(tensor: torch.Tensor, axes: tuple[str, ...], sighted: torch.Tensor | None) -> torch.Tensor:
+    """The entries of `tensor` (whose hook point declares its `axes`, e.g. ("b", "n", "s", "s")) that belong to
+    queries marked in `sighted` [b, s]; all of it when `sighted` is None."""
     if sighted is None:
         return tensor
-    axes = [axis.strip() for axis in doc[1:doc.index("]")].split(",")]
     if "s" not in axes:  # one vector per sequence (the pooler): keep sequences whose every query sees a key
         return tensor[sighted.all(-1).to(tensor.device)]
     return tensor.movedim(axes.index("s"), 1)[sighted.to(tensor.device)]
@@ -246,10 +246,10 @@ def compare_modules(table, ours, reference, rows, inputs: dict, *, prefixed: boo
     `prefixed`: the reference is a model with heads, whose base modules sit under the table's base prefix.
     """
     mine, theirs = _capture_modules(table, ours, reference, rows, inputs, prefixed=prefixed, isolate=isolate)
-    docs = ours.hook_docs()
+    dims = ours.hook_dims()
 
     def at(captured, name):
-        return at_sighted(captured[name], docs[name], sighted)
+        return at_sighted(captured[name], dims[name], sighted)
 
     return [compare(row.ours, table.checkpoint_module(row, prefixed), at(mine, row.ours), at(theirs, row.ours),
                     *_tolerance(row, dtype)) for row in rows]

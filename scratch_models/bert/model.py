@@ -15,14 +15,14 @@ from torch import nn
 
 from weight_mapping import BERT
 
-from .activations import get_activation
-from .attention import RESULT_DOC, attend, padding_mask, project_heads
+from ..activations import get_activation
+from ..attention import attend, padding_mask, project_heads, result_point
 from .config import BertConfig
-from .hooks import HookPoint
-from .inputs import check_ids, check_mask
-from .losses import cross_entropy
-from .outputs import BaseModelOutputWithPooling, MaskedLMOutput
-from .pretrained import PretrainedModel
+from ..hook_point import HookPoint
+from ..inputs import check_ids, check_mask
+from ..losses import cross_entropy
+from ..outputs import BaseModelOutputWithPooling, MaskedLMOutput
+from ..pretrained import PretrainedModel
 
 
 class BertEmbeddings(nn.Module):
@@ -33,11 +33,11 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.word = HookPoint("[b, s, h] word embedding of each token")
-        self.token_type = HookPoint("[b, s, h] segment (token type) embedding of each token")
-        self.position = HookPoint("[b, s, h] or [1, s, h] position embedding of each token")
-        self.sum = HookPoint("[b, s, h] word + token type + position, before LayerNorm")
-        self.out = HookPoint("[b, s, h] the embeddings after LayerNorm: what layer 0 reads")
+        self.word = HookPoint("b, s, h", "word embedding of each token")
+        self.token_type = HookPoint("b, s, h", "segment (token type) embedding of each token")
+        self.position = HookPoint("b, s, h", "or [1, s, h] position embedding of each token")
+        self.sum = HookPoint("b, s, h", "word + token type + position, before LayerNorm")
+        self.out = HookPoint("b, s, h", "the embeddings after LayerNorm: what layer 0 reads")
 
     def forward(self, input_ids, token_type_ids, position_ids):
         word = self.word(self.word_embeddings(input_ids))
@@ -55,22 +55,22 @@ class BertSelfAttention(nn.Module):
         h = config.hidden_size
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
         self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
-        self.q = HookPoint("[b, n, s, d] queries, per head")
-        self.k = HookPoint("[b, n, s, d] keys, per head")
-        self.v = HookPoint("[b, n, s, d] values, per head")
-        self.scores = HookPoint("[b, n, s, s] q·k / sqrt(d) before softmax; padding keys hold the dtype's lowest "
+        self.q = HookPoint("b, n, s, d", "queries, per head")
+        self.k = HookPoint("b, n, s, d", "keys, per head")
+        self.v = HookPoint("b, n, s, d", "values, per head")
+        self.scores = HookPoint("b, n, s, s", "q·k / sqrt(d) before softmax; padding keys hold the dtype's lowest "
                                 "number")
-        self.probs = HookPoint("[b, n, s, s] attention probabilities: each query's weights over the keys (all 0 "
+        self.probs = HookPoint("b, n, s, s", "attention probabilities: each query's weights over the keys (all 0 "
                                "in a sequence that is all padding)")
-        self.context = HookPoint("[b, n, s, d] each head's output (probs @ v), before the heads are merged")
+        self.context = HookPoint("b, n, s, d", "each head's output (probs @ v), before the heads are merged")
         self.attention_dropout = config.attention_probs_dropout_prob
         self.dense = nn.Linear(h, h)
-        self.result = HookPoint(RESULT_DOC, opt_in=True)
-        self.proj = HookPoint("[b, s, h] the heads' merged output through the output projection")
+        self.result = result_point()
+        self.proj = HookPoint("b, s, h", "the heads' merged output through the output projection")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.resid = HookPoint("[b, s, h] residual stream plus attention, before LayerNorm")
+        self.resid = HookPoint("b, s, h", "residual stream plus attention, before LayerNorm")
         self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
-        self.out = HookPoint("[b, s, h] the attention block's output, after LayerNorm: what the MLP reads")
+        self.out = HookPoint("b, s, h", "the attention block's output, after LayerNorm: what the MLP reads")
 
     def split_heads(self, x):  # [b, s, h] -> [b, n, s, d]
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
@@ -94,13 +94,13 @@ class BertMLP(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.up = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.pre_act = HookPoint("[b, s, m] MLP input projection, before the activation")
+        self.pre_act = HookPoint("b, s, m", "MLP input projection, before the activation")
         self.act = get_activation(config.hidden_act, "hidden_act")
-        self.post_act = HookPoint("[b, s, m] MLP neurons after the activation")
+        self.post_act = HookPoint("b, s, m", "MLP neurons after the activation")
         self.down = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.proj = HookPoint("[b, s, h] the MLP's output")
+        self.proj = HookPoint("b, s, h", "the MLP's output")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.resid = HookPoint("[b, s, h] residual stream plus MLP, before LayerNorm")
+        self.resid = HookPoint("b, s, h", "residual stream plus MLP, before LayerNorm")
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x):
@@ -114,7 +114,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attn = BertSelfAttention(config)
         self.mlp = BertMLP(config)
-        self.out = HookPoint("[b, s, h] the layer's output, after the MLP's LayerNorm")
+        self.out = HookPoint("b, s, h", "the layer's output, after the MLP's LayerNorm")
 
     def forward(self, x, mask, need_probs: bool):
         x, probs = self.attn(x, mask, need_probs)
@@ -149,7 +149,7 @@ class BertPooler(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.out = HookPoint("[b, h] tanh(W h[CLS] + b)")
+        self.out = HookPoint("b, h", "tanh(W h[CLS] + b)")
 
     def forward(self, hidden):
         return self.out(torch.tanh(self.dense(hidden[:, 0])))
@@ -255,7 +255,7 @@ class BertForMaskedLM(BertWithHead):
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=False)
         self.mlm_head = BertMLMHead(config)
-        self.logits = HookPoint("[b, s, V] masked-LM scores over the vocabulary, per position")
+        self.logits = HookPoint("b, s, V", "masked-LM scores over the vocabulary, per position")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> MaskedLMOutput:

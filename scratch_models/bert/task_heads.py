@@ -20,11 +20,11 @@ Shapes: b batch, s sequence, h hidden, L num_labels, c choices, V vocabulary.
 import torch
 from torch import nn
 
-from .bert import BertMLMHead, BertWithHead
+from .model import BertMLMHead, BertWithHead
 from .config import BertConfig
-from .hooks import HookPoint
-from .losses import classification_loss, cross_entropy, span_loss
-from .outputs import (BertForPreTrainingOutput, MultipleChoiceModelOutput, NextSentencePredictorOutput,
+from ..hook_point import HookPoint
+from ..losses import classification_loss, cross_entropy, span_loss
+from ..outputs import (BertForPreTrainingOutput, MultipleChoiceModelOutput, NextSentencePredictorOutput,
                       QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
 
 NSP_DOC = "next-sentence scores from the pooler output: class 0 = segment B follows A, class 1 = B is random"
@@ -44,9 +44,9 @@ class BertForPreTraining(BertWithHead):
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=True)
         self.mlm_head = BertMLMHead(config)
-        self.prediction_logits = HookPoint("[b, s, V] masked-LM scores over the vocabulary, per position")
+        self.prediction_logits = HookPoint("b, s, V", "masked-LM scores over the vocabulary, per position")
         self.nsp_head = nn.Linear(config.hidden_size, 2)
-        self.seq_relationship_logits = HookPoint(f"[b, 2] {NSP_DOC}")
+        self.seq_relationship_logits = HookPoint("b, 2", f"{NSP_DOC}")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 next_sentence_label=None, output_hidden_states: bool = False,
@@ -75,7 +75,7 @@ class BertForNextSentencePrediction(BertWithHead):
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=True)
         self.nsp_head = nn.Linear(config.hidden_size, 2)
-        self.logits = HookPoint(f"[b, 2] {NSP_DOC}")
+        self.logits = HookPoint("b, 2", f"{NSP_DOC}")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> NextSentencePredictorOutput:
@@ -95,7 +95,7 @@ class BertForSequenceClassification(BertWithHead):
         super().__init__(config, add_pooling_layer=True)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.logits = HookPoint("[b, L] class scores of each sequence, from the pooler output (L = num_labels; "
+        self.logits = HookPoint("b, L", "class scores of each sequence, from the pooler output (L = num_labels; "
                                 "regression: the predicted values)")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
@@ -119,7 +119,7 @@ class BertForTokenClassification(BertWithHead):
         super().__init__(config, add_pooling_layer=False)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.logits = HookPoint("[b, s, L] class scores of each token (L = num_labels)")
+        self.logits = HookPoint("b, s, L", "class scores of each token (L = num_labels)")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states: bool = False, output_attentions: bool = False) -> TokenClassifierOutput:
@@ -142,9 +142,9 @@ class BertForQuestionAnswering(BertWithHead):
                              f"= 2, but the config names {config.num_labels} labels")
         super().__init__(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.span_logits = HookPoint("[b, s, 2] start and end score of each token, before they are split")
-        self.start_logits = HookPoint("[b, s] score of each token as the first token of the answer")
-        self.end_logits = HookPoint("[b, s] score of each token as the last token of the answer")
+        self.span_logits = HookPoint("b, s, 2", "start and end score of each token, before they are split")
+        self.start_logits = HookPoint("b, s", "score of each token as the first token of the answer")
+        self.end_logits = HookPoint("b, s", "score of each token as the last token of the answer")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
                 end_positions=None, output_hidden_states: bool = False,
@@ -168,11 +168,13 @@ class BertForMultipleChoice(BertWithHead):
     """Each (context, choice) pair is a sequence of its own; one score each, compared across the choices (SWAG).
     The encoder sees b * c sequences, so hidden_states and attentions are [b * c, ...], as in transformers."""
 
+    multiple_choice = True
+
     def __init__(self, config: BertConfig):
         super().__init__(config, add_pooling_layer=True)
         self.dropout = classifier_dropout(config)
         self.classifier = nn.Linear(config.hidden_size, 1)
-        self.logits = HookPoint("[b, c] score of each choice, from the pooler output of its (context, choice) "
+        self.logits = HookPoint("b, c", "score of each choice, from the pooler output of its (context, choice) "
                                 "sequence")
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,

@@ -17,14 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .activations import get_activation
-from .config import ConfigError, GPT2Config
-from .generation import KVCache
-from .gpt2 import GPT2Model, untied_lm_head
-from .hooks import HookPoint
-from .inputs import check_ids, check_mask
-from .losses import check_classification_labels, classification_loss, cross_entropy, span_loss
-from .outputs import (GPT2DoubleHeadsModelOutput, QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast,
+from ..activations import get_activation
+from ..config import ConfigError
+from .config import GPT2Config
+from ..generation import KVCache
+from .model import GPT2Model, untied_lm_head
+from ..hook_point import HookPoint
+from ..inputs import check_ids, check_mask
+from ..losses import check_classification_labels, classification_loss, cross_entropy, span_loss
+from ..outputs import (GPT2DoubleHeadsModelOutput, QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast,
                       TokenClassifierOutput)
 
 
@@ -32,12 +33,13 @@ class GPT2ForSequenceClassification(GPT2Model):
     """A class for the whole sequence, read at its last token: the only one whose attention saw all the others."""
 
     checkpoint_prefixed = True
+    reads_last_token = True
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
         self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
-        self.token_logits = HookPoint("[b, s, L] class scores at every position (score), before one is read")
-        self.logits = HookPoint("[b, L] class scores at each row's last token that is not padding: the output")
+        self.token_logits = HookPoint("b, s, L", "class scores at every position (score), before one is read")
+        self.logits = HookPoint("b, L", "class scores at each row's last token that is not padding: the output")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
@@ -89,7 +91,7 @@ class GPT2ForTokenClassification(GPT2Model):
         dropout = next((p for p in (config.classifier_dropout, config.hidden_dropout) if p is not None), 0.1)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(config.n_embd, config.num_labels)
-        self.logits = HookPoint("[b, s, L] class scores of every token")
+        self.logits = HookPoint("b, s, L", "class scores of every token")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
                 output_attentions: bool = False, labels=None) -> TokenClassifierOutput:
@@ -112,9 +114,9 @@ class GPT2ForQuestionAnswering(GPT2Model):
     def __init__(self, config: GPT2Config):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.n_embd, 2)
-        self.span_logits = HookPoint("[b, s, 2] qa_outputs: each token's start and end scores side by side")
-        self.start_logits = HookPoint("[b, s] each token's score as the first of the answer")
-        self.end_logits = HookPoint("[b, s] each token's score as the last of the answer")
+        self.span_logits = HookPoint("b, s, 2", "qa_outputs: each token's start and end scores side by side")
+        self.start_logits = HookPoint("b, s", "each token's score as the first of the answer")
+        self.end_logits = HookPoint("b, s", "each token's score as the last of the answer")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
                 output_attentions: bool = False, start_positions=None,
@@ -170,15 +172,17 @@ class GPT2DoubleHeadsModel(GPT2Model):
     head on every token of every choice, and a multiple-choice head scoring each choice from one of its tokens.
     No `generate` (its inputs are [b, c, s]): GPT2LMHeadModel loads the same checkpoint and generates."""
 
+    multiple_choice = True
+
     checkpoint_prefixed = True
     tied_output_layer = True
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
         self.lm_head = untied_lm_head(config)
-        self.logits = HookPoint("[b, c, s, V] scores over the vocabulary for the next token, per choice and position")
+        self.logits = HookPoint("b, c, s, V", "scores over the vocabulary for the next token, per choice and position")
         self.multiple_choice_head = GPT2SequenceSummary(config)
-        self.mc_logits = HookPoint("[b, c] each choice's score (the multiple-choice head at its mc_token_ids)")
+        self.mc_logits = HookPoint("b, c", "each choice's score (the multiple-choice head at its mc_token_ids)")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,

@@ -8,8 +8,8 @@ with respect to each cached tensor. `cache.remove_batch_dim(row, trim_padding=Tr
 its padding, left or right.
 
 The helpers keep TransformerLens' names, arguments and meanings (`accumulated_resid`, `decompose_resid`,
-`stack_head_results`, `apply_ln_to_stack`, `logit_attrs`, `remove_batch_dim`, labels such as `0_pre`, `3_attn_out`,
-`L2H5`), so code carries over; the tensors are ours (`layers.3.attn.probs` is [b, n, s, s], TL's `hook_pattern`).
+`stack_head_results`, `apply_ln_to_stack`, `logit_lens`, `logit_attrs`, `remove_batch_dim`, labels such as `0_pre`,
+`3_attn_out`, `L2H5`), so code carries over; the tensors are ours (`layers.3.attn.probs` is [b, n, s, s], TL's `hook_pattern`).
 
 GPT-2 is pre-LN: the residual stream is a running sum, so the embeddings and every attention and MLP output add up
 to it exactly, up to any layer. BERT is post-LN: each sublayer's sum is renormalised at once, so no sum of
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..attention import head_results
+from .attention import head_results
 
 # where a pos_slice is applied: None (all), an index (the axis goes), a slice, or a list / tensor of indices
 PosSlice = int | slice | Sequence[int] | torch.Tensor | None
@@ -256,20 +256,71 @@ class ActivationCache(Mapping):
 
     # ---- reading out ----------------------------------------------------------------------------------------------
 
+    @torch.no_grad()
     def logit_lens(self, incl_mid: bool = False, pos_slice: PosSlice = None, return_labels: bool = False):
-        """Each entry of `accumulated_resid` read out as the model reads its last one: [entries, (b), s, V] logits.
-        See scratch_models.analysis.lens.logit_lens."""
-        from .lens import logit_lens
+        """[entries, (b), s, V]: each entry of `accumulated_resid(incl_mid=..., pos_slice=...)` read out as the
+        model reads its last stream (GPT-2: ln_f with the entry's own statistics, then the unembedding; BERT: the
+        MLM head), as the logit lens of nostalgebraist (2020) does: where a prediction forms. The last entry
+        (`final_post`) is the model's logits. GPT-2's position t scores the token after t; BERT's scores the token
+        at t (the masked-LM task)."""
+        stack, labels = self.accumulated_resid(incl_mid=incl_mid, pos_slice=pos_slice, return_labels=True)
+        logits = self._stream().read_out(stack)
+        return (logits, labels) if return_labels else logits
 
-        return logit_lens(self, incl_mid=incl_mid, pos_slice=pos_slice, return_labels=return_labels)
-
+    @torch.no_grad()
     def logit_attrs(self, residual_stack: torch.Tensor, tokens, incorrect_tokens=None,
                     pos_slice: PosSlice = None) -> torch.Tensor:
-        """Direct logit attribution of each part of a residual stack to `tokens` (GPT-2): [parts, ...]. See
-        scratch_models.analysis.lens.logit_attrs."""
-        from .lens import logit_attrs
+        """Direct logit attribution (GPT-2): each part of `residual_stack` through ln_f, its scale frozen at the
+        final stream's (`apply_ln_to_stack`), dotted with the unembedding of `tokens`: [parts, (b), s].
 
-        return logit_attrs(self, residual_stack, tokens, incorrect_tokens, pos_slice=pos_slice)
+        With ln_f's scale frozen the logit ln_f(stream) · W_U[token] is linear in the stream, so each part of a
+        decomposition gets its share; the shares of a full decomposition sum to the logit less
+        ln_f.bias · W_U[tokens], which no part writes (TransformerLens folds it into b_U). BERT's MLM head is not
+        linear (an activation and a LayerNorm sit before the decoder): refused.
+
+        `residual_stack`: parts of the final residual stream, [parts, (b), s, h], such as `decompose_resid()` or
+        `stack_head_results(incl_remainder=True)`; as in TransformerLens, before any LayerNorm.
+        `tokens`: a token id, a string that is one token, or a tensor of ids: [b] one per sequence (for every
+        position), [b, s] one per position, [1, s] one per position shared by the batch (without a batch axis:
+        [s]). `incorrect_tokens` (same shape): attribute the logit difference tokens - incorrect_tokens instead.
+        `pos_slice`: the one the stack was taken with.
+        """
+        matrix = self._stream().unembedding()
+        directions = self._directions(matrix, tokens, "tokens")
+        if incorrect_tokens is not None:
+            wrong = self._directions(matrix, incorrect_tokens, "incorrect_tokens")
+            if wrong.shape != directions.shape:
+                raise ValueError(f"incorrect_tokens must have the shape of tokens: {tuple(wrong.shape[:-1])} against "
+                                 f"{tuple(directions.shape[:-1])}")
+            directions = directions - wrong
+        scaled = self.apply_ln_to_stack(residual_stack, None, pos_slice=pos_slice)
+        if self.has_batch_dim and directions.dim() == 2 and scaled.dim() == 4:
+            directions = directions.unsqueeze(-2)  # one token per sequence, the same at every position
+        part = scaled.shape[1:]
+        try:
+            fits = torch.broadcast_shapes(directions.shape, part) == part
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"tokens of shape {tuple(directions.shape[:-1])} do not fit a stack whose parts are "
+                             f"{tuple(part)}: give one id, [batch], [batch, seq] or [1, seq]")
+        return (scaled * directions).sum(-1)
+
+    def _directions(self, matrix: torch.Tensor, tokens, what: str) -> torch.Tensor:
+        """[*tokens.shape, h]: the unembedding's row of each token."""
+        if isinstance(tokens, str):
+            tokenizer = self.model.tokenizer
+            ids = tokenizer.encode(tokens, add_special_tokens=False)
+            if len(ids) != 1:
+                raise ValueError(f"{what} {tokens!r} is {len(ids)} tokens, not one: {tokenizer.str_tokens(ids)}")
+            tokens = ids[0]
+        ids = torch.as_tensor(tokens, device=matrix.device)
+        if ids.dtype not in (torch.int64, torch.int32) or ids.dim() > 2:
+            raise ValueError(f"{what} must be a token id, a string of one token or an integer tensor of at most 2 "
+                             f"axes, got {tokens!r}")
+        if bool(((ids < 0) | (ids >= matrix.shape[0])).any()):
+            raise ValueError(f"{what} holds ids outside the vocabulary 0..{matrix.shape[0] - 1}")
+        return matrix[ids.long()]
 
     # ---- rows and padding -----------------------------------------------------------------------------------------
 
@@ -319,26 +370,19 @@ class ActivationCache(Mapping):
         return max(t.shape[0] for t in self._tensors.values())
 
     def _dims(self):
-        """name -> the axis names its hook point's doc gives, e.g. ("b", "n", "s", "p + s")."""
-        docs = self.model.hook_docs()
-
-        def dims(name):
-            return _doc_dims(name, docs[name.removesuffix("_grad")])
-
-        return dims
+        """name -> the axes its hook point declares, e.g. ("b", "n", "s", "p + s")."""
+        dims = self.model.hook_dims()
+        return lambda name: dims[name.removesuffix("_grad")]
 
     # ---- plumbing -------------------------------------------------------------------------------------------------
 
-    def _stream(self) -> "_Stream":
-        from ..bert import BertModel
-        from ..gpt2 import GPT2Model
-
-        if isinstance(self.model, GPT2Model):
-            return _GPT2Stream(self.model)
-        if isinstance(self.model, BertModel):
-            return _BertStream(self.model)
-        raise TypeError(f"the residual-stream helpers know BERT and GPT-2 (BertModel, GPT2Model and their head "
-                        f"classes); {type(self.model).__name__} is neither")
+    def _stream(self):
+        """The residual-stream layout the model's family declares (scratch_models.family.ResidualStream)."""
+        family = getattr(self.model, "family", None)
+        if family is None:
+            raise TypeError(f"the residual-stream helpers read a model family's declaration, and "
+                            f"{type(self.model).__name__} belongs to no family of scratch_models.families")
+        return family.stream(self.model)
 
     def _layer(self, layer: int | None) -> int:
         """TransformerLens' convention: None and -1 mean all layers (the final stream)."""
@@ -370,85 +414,6 @@ class ActivationCache(Mapping):
         return lambda name: (name.endswith("_grad"), index.get(name.removesuffix("_grad"), len(index)))
 
 
-class _Stream:
-    """Where a family's residual stream is, by hook name, and the modules that read it."""
-
-    post_ln: bool
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.n_layers = len(model.layers)
-        self.num_heads = model.layers[0].attn.num_heads if self.n_layers else 0
-
-    def resid_pre(self, layer: int) -> str:
-        """The stream layer `layer` reads (for layer = n_layers: the last layer's output)."""
-        return "embeddings.out" if layer == 0 else f"layers.{layer - 1}.out"
-
-    def resid_mid(self, layer: int) -> str:
-        raise NotImplementedError
-
-    def decomposition(self, layer: int, mlp_input: bool) -> tuple[list[tuple[str, str, str]], str, nn.LayerNorm]:
-        """(parts as (label, hook name, kind: embed / attn / mlp / resid), the hook name of their sum, the LayerNorm
-        that reads the sum)."""
-        raise NotImplementedError
-
-    def out_weight(self, layer: int) -> torch.Tensor:
-        """[n * d, h]: layer's attention output projection, input rows first."""
-        raise NotImplementedError
-
-
-class _GPT2Stream(_Stream):
-    post_ln = False
-
-    def resid_mid(self, layer: int) -> str:
-        return f"layers.{layer}.resid_mid"
-
-    def decomposition(self, layer, mlp_input):
-        if mlp_input and layer == self.n_layers:
-            raise ValueError("mlp_input=True needs a layer below the number of layers (no MLP reads the final stream)")
-        parts = [("embed", "embeddings.word", "embed"), ("pos_embed", "embeddings.position", "embed")]
-        for l in range(layer + mlp_input):
-            parts.append((f"{l}_attn_out", f"layers.{l}.attn.proj", "attn"))
-            if l < layer:
-                parts.append((f"{l}_mlp_out", f"layers.{l}.mlp.proj", "mlp"))
-        if mlp_input:
-            return parts, self.resid_mid(layer), self.model.layers[layer].norm_2
-        norm = self.model.norm_f if layer == self.n_layers else self.model.layers[layer].norm_1
-        return parts, self.resid_pre(layer), norm
-
-    def final_norm(self, stack: torch.Tensor) -> torch.Tensor:
-        return self.model.norm_f(stack)
-
-    def out_weight(self, layer):
-        return self.model.layers[layer].attn.c_proj.weight
-
-
-class _BertStream(_Stream):
-    post_ln = True
-
-    def resid_mid(self, layer: int) -> str:
-        return f"layers.{layer}.attn.out"
-
-    def decomposition(self, layer, mlp_input):
-        layers = self.model.layers
-        if mlp_input:
-            if layer == self.n_layers:
-                raise ValueError("mlp_input=True needs a layer below the number of layers")
-            parts = [(f"{layer}_pre", self.resid_pre(layer), "resid"),
-                     (f"{layer}_attn_out", f"layers.{layer}.attn.proj", "attn")]
-            return parts, f"layers.{layer}.attn.resid", layers[layer].attn.norm
-        if layer == 0:
-            parts = [("embed", "embeddings.word", "embed"), ("token_type_embed", "embeddings.token_type", "embed"),
-                     ("pos_embed", "embeddings.position", "embed")]
-            return parts, "embeddings.sum", self.model.embeddings.norm
-        l = layer - 1
-        parts = [(f"{l}_mid", self.resid_mid(l), "resid"), (f"{l}_mlp_out", f"layers.{l}.mlp.proj", "mlp")]
-        return parts, f"layers.{l}.mlp.resid", layers[l].mlp.norm
-
-    def out_weight(self, layer):
-        return self.model.layers[layer].attn.dense.weight.T
-
-
 def _pos(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Tensor:
     """`tensor` at the positions `pos_slice` picks on axis `dim`."""
     if pos_slice is None:
@@ -471,14 +436,6 @@ def _stack_named(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
         described = ", ".join(f"{name} {tuple(t.shape)}" for name, t in named[:6])
         raise ValueError(f"cannot stack tensors of different shapes: {described}")
     return torch.stack([t for _, t in named])
-
-
-def _doc_dims(name: str, doc: str) -> tuple[str, ...]:
-    """The axes a hook doc opens with: "[b, n, s, p + s] ..." -> ("b", "n", "s", "p + s")."""
-    found = re.match(r"\[([^\]]*)\]", doc)
-    if not found:
-        raise ValueError(f"{name}: its hook doc gives no shape: {doc!r}")
-    return tuple(part.strip() for part in found[1].split(","))
 
 
 def _one_row(name: str, tensor: torch.Tensor, row: int, batch: int, dims: tuple[str, ...],

@@ -18,14 +18,14 @@ from torch import nn
 
 from weight_mapping import GPT2
 
-from .activations import get_activation
-from .attention import RESULT_DOC, attend, causal_mask, nothing_padded, project_heads
+from ..activations import get_activation
+from ..attention import attend, causal_mask, nothing_padded, project_heads, result_point
 from .config import GPT2Config
-from .generation import GenerationMixin, KVCache
-from .hooks import HookPoint
-from .inputs import check_ids, check_mask
-from .outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from .pretrained import PretrainedModel
+from ..generation import GenerationMixin, KVCache
+from ..hook_point import HookPoint
+from ..inputs import check_ids, check_mask
+from ..outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from ..pretrained import PretrainedModel
 
 
 class Conv1D(nn.Module):
@@ -47,10 +47,10 @@ class GPT2Embeddings(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
-        self.word = HookPoint("[b, s, h] token embedding (wte) of each token")
-        self.position = HookPoint("[b, s, h] or [1, s, h] position embedding (wpe) of each token")
+        self.word = HookPoint("b, s, h", "token embedding (wte) of each token")
+        self.position = HookPoint("b, s, h", "or [1, s, h] position embedding (wpe) of each token")
         self.dropout = nn.Dropout(config.embd_pdrop)
-        self.out = HookPoint("[b, s, h] token + position embedding: the residual stream block 0 reads")
+        self.out = HookPoint("b, s, h", "token + position embedding: the residual stream block 0 reads")
 
     def forward(self, input_ids, position_ids):
         return self.out(self.dropout(self.word(self.wte(input_ids)) + self.position(self.wpe(position_ids))))
@@ -65,18 +65,18 @@ class GPT2Attention(nn.Module):
         self.layer_idx = layer_idx  # which of the cache's layers is ours
         self.num_heads, self.head_dim = config.n_head, config.head_dim
         self.c_attn = Conv1D(h, 3 * h)  # q, k and v side by side
-        self.q = HookPoint("[b, n, s, d] queries, per head (this step's tokens only)")
-        self.k = HookPoint("[b, n, s, d] keys, per head (this step's tokens only, not the cached ones)")
-        self.v = HookPoint("[b, n, s, d] values, per head (this step's tokens only, not the cached ones)")
-        self.scores = HookPoint("[b, n, s, p + s] q·k / sqrt(d) before softmax; future and padding keys hold the "
+        self.q = HookPoint("b, n, s, d", "queries, per head (this step's tokens only)")
+        self.k = HookPoint("b, n, s, d", "keys, per head (this step's tokens only, not the cached ones)")
+        self.v = HookPoint("b, n, s, d", "values, per head (this step's tokens only, not the cached ones)")
+        self.scores = HookPoint("b, n, s, p + s", "q·k / sqrt(d) before softmax; future and padding keys hold the "
                                 "dtype's lowest number")
-        self.probs = HookPoint("[b, n, s, p + s] attention probabilities: each query's weights over the keys (all 0 "
+        self.probs = HookPoint("b, n, s, p + s", "attention probabilities: each query's weights over the keys (all 0 "
                                "for a padding query with no token before it)")
-        self.context = HookPoint("[b, n, s, d] each head's output (probs @ v), before the heads are merged")
+        self.context = HookPoint("b, n, s, d", "each head's output (probs @ v), before the heads are merged")
         self.attention_dropout = config.attn_pdrop
         self.c_proj = Conv1D(h, h)
-        self.result = HookPoint(RESULT_DOC, opt_in=True)
-        self.proj = HookPoint("[b, s, h] the attention's output: merged heads through c_proj")
+        self.result = result_point()
+        self.proj = HookPoint("b, s, h", "the attention's output: merged heads through c_proj")
         self.dropout = nn.Dropout(config.resid_pdrop)
         # scores are scaled by 1/sqrt(d), and by 1/(layer index + 1) in the Stanford CRFM variant; in this order,
         # as transformers computes the factor, so it rounds the same
@@ -110,11 +110,11 @@ class GPT2MLP(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()
         self.c_fc = Conv1D(config.n_embd, config.inner_dim)
-        self.pre_act = HookPoint("[b, s, m] MLP input projection (c_fc), before the activation")
+        self.pre_act = HookPoint("b, s, m", "MLP input projection (c_fc), before the activation")
         self.act = get_activation(config.activation_function, "activation_function")
-        self.post_act = HookPoint("[b, s, m] MLP neurons after the activation")
+        self.post_act = HookPoint("b, s, m", "MLP neurons after the activation")
         self.c_proj = Conv1D(config.inner_dim, config.n_embd)
-        self.proj = HookPoint("[b, s, h] the MLP's output (c_proj)")
+        self.proj = HookPoint("b, s, h", "the MLP's output (c_proj)")
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x):
@@ -128,13 +128,13 @@ class GPT2Block(nn.Module):
     def __init__(self, config: GPT2Config, layer_idx: int):
         super().__init__()
         self.norm_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.ln_1 = HookPoint("[b, s, h] LayerNorm of the residual stream: the attention's input")
+        self.ln_1 = HookPoint("b, s, h", "LayerNorm of the residual stream: the attention's input")
         self.attn = GPT2Attention(config, layer_idx)
-        self.resid_mid = HookPoint("[b, s, h] residual stream plus attention")
+        self.resid_mid = HookPoint("b, s, h", "residual stream plus attention")
         self.norm_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.ln_2 = HookPoint("[b, s, h] LayerNorm of the residual stream: the MLP's input")
+        self.ln_2 = HookPoint("b, s, h", "LayerNorm of the residual stream: the MLP's input")
         self.mlp = GPT2MLP(config)
-        self.out = HookPoint("[b, s, h] residual stream plus MLP: the block's output")
+        self.out = HookPoint("b, s, h", "residual stream plus MLP: the block's output")
 
     def forward(self, x, mask, causal: bool, cache: KVCache | None, need_probs: bool):
         attn_out, probs = self.attn(self.ln_1(self.norm_1(x)), mask, causal, cache, need_probs)
@@ -153,7 +153,7 @@ class GPT2Model(PretrainedModel):
         self.embeddings = GPT2Embeddings(config)
         self.layers = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
         self.norm_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.ln_f = HookPoint("[b, s, h] final LayerNorm of the residual stream: the last hidden state")
+        self.ln_f = HookPoint("b, s, h", "final LayerNorm of the residual stream: the last hidden state")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False,
@@ -233,7 +233,7 @@ class GPT2LMHeadModel(GPT2Model, GenerationMixin):
     def __init__(self, config: GPT2Config):
         super().__init__(config)
         self.lm_head = untied_lm_head(config)
-        self.logits = HookPoint("[b, s, V] scores over the vocabulary for the next token, per position")
+        self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
                 use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,

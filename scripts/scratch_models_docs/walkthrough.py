@@ -23,9 +23,9 @@ from matplotlib.figure import Figure
 
 from scratch_models import BertModel, GPT2Config, GPT2Model, activations, attention
 from scratch_models.attention_plots import attention_grid_png, head_png
-from scratch_models.bert import BertMLP, BertPooler, BertSelfAttention
-from scratch_models.bert_heads import BertForSequenceClassification
-from scratch_models.gpt2 import Conv1D, GPT2Attention, GPT2Block
+from scratch_models.bert.model import BertMLP, BertPooler, BertSelfAttention
+from scratch_models.bert.task_heads import BertForSequenceClassification
+from scratch_models.gpt2.model import Conv1D, GPT2Attention, GPT2Block
 from scratch_models.inspection import AttentionCapture
 from weight_mapping import BERT, GPT2, Checkpoint, MappingTable, embedded_checkpoint, open_checkpoint
 

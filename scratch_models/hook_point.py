@@ -1,0 +1,40 @@
+"""`HookPoint`: an identity placed on a tensor inside a forward pass, where a listener can read or replace it.
+
+With nobody listening it returns its input after one attribute test: `__call__` is overridden to skip nn.Module's
+call machinery. Its axes are declared (`dims`), so the layers above (the activation cache, the parity report, the
+docs) read a tensor's shape from the point itself.
+"""
+
+from torch import nn
+
+
+class HookPoint(nn.Module):
+    """`dims`: the tensor's axes, comma-separated ("b, n, s, d"; b batch, s new tokens, p cached ones, n heads, d
+    head size, h hidden, m MLP width, V vocabulary, L labels, c choices); `doc`: what the tensor is;
+    `docs/hook_names.md` is generated from both. `opt_in`: a point whose tensor is computed only for a listener (it
+    costs work and memory of its own), so `run_with_cache` caches it only when named."""
+
+    def __init__(self, dims: str, doc: str, opt_in: bool = False):
+        super().__init__()
+        self.dims = tuple(part.strip() for part in dims.split(","))
+        self.doc = doc
+        self.opt_in = opt_in
+        self.fn = None  # set only while a listener is attached
+
+    def __call__(self, x):
+        return x if self.fn is None else self.fn(x)
+
+    def listen(self, fn) -> None:
+        """Set the listener (None: none). Past nn.Module's __setattr__, which takes ten times as long (a full
+        cache sets and clears some 170 listeners per run) and would register a listener that is a module as a
+        submodule of the model."""
+        object.__setattr__(self, "fn", fn)
+
+    @property
+    def active(self) -> bool:
+        return self.fn is not None
+
+    @property
+    def described(self) -> str:
+        """The doc with its shape in front: "[b, n, s, d] queries, per head"."""
+        return f"[{', '.join(self.dims)}] {self.doc}"
