@@ -4,6 +4,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import save_file
@@ -87,3 +88,44 @@ def hub_model_available(repo_id: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> None:
+    """The layout huggingface_hub keeps in its cache: refs/main -> snapshots/<commit>/<files>."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, source in files.items():
+        (snapshot / name).symlink_to(source)
+
+
+def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict]:
+    """huggingface_hub.hf_hub_download answering from `answers`: filename -> a path, or an exception to raise; a
+    tokenizer file it is not given is absent from the repository (404), any other file fails the test. The hub
+    answers the reachability probe as `reachable` says. Returns the calls made, their arguments each."""
+    calls = []
+
+    def download(repo_id, filename, **kwargs):
+        calls.append(dict(repo_id=repo_id, filename=filename, **kwargs))
+        answer = answers[filename] if filename not in TOKENIZER_FILES else answers.get(
+            filename, http_error(RemoteEntryNotFoundError, 404))
+        if isinstance(answer, Exception):
+            raise answer
+        return str(answer)
+
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", download)
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    from weight_mapping import TOKENIZER_FILES, readers
+
+    monkeypatch.setattr(readers, "_hub_unreachable",
+                        lambda: None if reachable else "the hub (huggingface.co) cannot be reached (timed out)")
+    return calls
+
+
+def http_error(kind, status: int):
+    """An error as huggingface_hub raises it for an HTTP answer `status` (only headers and request are read)."""
+    return kind(f"{status} for the request", response=SimpleNamespace(status_code=status, headers={}, request=None))

@@ -17,12 +17,12 @@ from weight_mapping import BERT
 
 from ..activations import get_activation
 from ..attention import attend, padding_mask, project_heads, result_point
-from .config import BertConfig
 from ..hook_point import HookPoint
 from ..inputs import check_ids, check_mask
 from ..losses import cross_entropy
 from ..outputs import BaseModelOutputWithPooling, MaskedLMOutput
 from ..pretrained import PretrainedModel
+from .config import BertConfig
 
 
 class BertEmbeddings(nn.Module):

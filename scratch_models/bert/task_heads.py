@@ -20,12 +20,12 @@ Shapes: b batch, s sequence, h hidden, L num_labels, c choices, V vocabulary.
 import torch
 from torch import nn
 
-from .model import BertMLMHead, BertWithHead
-from .config import BertConfig
 from ..hook_point import HookPoint
 from ..losses import classification_loss, cross_entropy, span_loss
 from ..outputs import (BertForPreTrainingOutput, MultipleChoiceModelOutput, NextSentencePredictorOutput,
                       QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
+from .config import BertConfig
+from .model import BertMLMHead, BertWithHead
 
 NSP_DOC = "next-sentence scores from the pooler output: class 0 = segment B follows A, class 1 = B is random"
 

@@ -20,12 +20,12 @@ from weight_mapping import GPT2
 
 from ..activations import get_activation
 from ..attention import attend, causal_mask, nothing_padded, project_heads, result_point
-from .config import GPT2Config
 from ..generation import GenerationMixin, KVCache
 from ..hook_point import HookPoint
 from ..inputs import check_ids, check_mask
 from ..outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from ..pretrained import PretrainedModel
+from .config import GPT2Config
 
 
 class Conv1D(nn.Module):

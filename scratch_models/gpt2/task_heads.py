@@ -19,14 +19,14 @@ from torch import nn
 
 from ..activations import get_activation
 from ..config import ConfigError
-from .config import GPT2Config
 from ..generation import KVCache
-from .model import GPT2Model, untied_lm_head
 from ..hook_point import HookPoint
 from ..inputs import check_ids, check_mask
 from ..losses import check_classification_labels, classification_loss, cross_entropy, span_loss
 from ..outputs import (GPT2DoubleHeadsModelOutput, QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast,
                       TokenClassifierOutput)
+from .config import GPT2Config
+from .model import GPT2Model, untied_lm_head
 
 
 class GPT2ForSequenceClassification(GPT2Model):

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from scratch_models.analysis.figures import heads_png
+from scratch_models.views.figures import heads_png
 from scratch_models.analysis.heads import HeadReport, analyze_heads
 from scratch_models.analysis.metrics import PoolerOutput, TokenLogit, TokenLogProb
-from scratch_models.analysis.pages import heads_html
-from scratch_models.attention_page import AttentionPage
+from scratch_models.views.pages import heads_html
+from scratch_models.views.attention_page import AttentionPage
 from scratch_models.inspection import AttentionCapture, attention_names
 from weight_mapping import staged
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from scratch_models.analysis.heads import AttentionSummary
-from scratch_models.attention_page import AttentionPage
-from scratch_models.attention_plots import attention_grid_png, head_png
+from scratch_models.views.attention_page import AttentionPage
+from scratch_models.views.attention_plots import attention_grid_png, head_png
 from scratch_models.inspection import AttentionCapture, format_summary, summarize
 from weight_mapping import EMBEDDED_NAME, open_checkpoint, staged
 

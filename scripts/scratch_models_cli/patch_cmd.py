@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from scratch_models.analysis.figures import patching_png
+from scratch_models.views.figures import patching_png
 from scratch_models.analysis.metrics import LogitDiff, PoolerCosine, PoolerOutput
-from scratch_models.analysis.pages import patching_html
+from scratch_models.views.pages import patching_html
 from scratch_models.analysis.patching import PatchingResult, activation_patching
 from weight_mapping import staged
 

@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from scratch_models import BertModel, GPT2Config, GPT2Model, activations, attention
-from scratch_models.attention_plots import attention_grid_png, head_png
+from scratch_models.views.attention_plots import attention_grid_png, head_png
 from scratch_models.bert.model import BertMLP, BertPooler, BertSelfAttention
 from scratch_models.bert.task_heads import BertForSequenceClassification
 from scratch_models.gpt2.model import Conv1D, GPT2Attention, GPT2Block
@@ -293,7 +293,7 @@ rows of the largest attention weight:
         layer_rows)}
 
 The whole picture of layer {LAYER}, head {HEAD} (rows: the token that asks; columns: the tokens it attends to;
-the red lines separate the two sentences), drawn by `scratch_models.attention_plots.head_png` from the same run:
+the red lines separate the two sentences), drawn by `scratch_models.views.attention_plots.head_png` from the same run:
 
 ![all-MiniLM-L6-v2, layer {LAYER}, head {HEAD}: attention probabilities](images/{IMAGES["head"]})"""
 

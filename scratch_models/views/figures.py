@@ -18,9 +18,9 @@ from typing import Sequence
 import torch
 from matplotlib.figure import Figure
 
-from ..display import render_png
-from .heads import HeadReport
-from .patching import PatchingResult
+from ..analysis.heads import HeadReport
+from ..analysis.patching import PatchingResult
+from .display import render_png
 
 DPI = 100
 CELL = 56  # pixels per heatmap cell in heads_png

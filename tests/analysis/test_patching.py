@@ -255,7 +255,7 @@ def test_patching_png_draws_the_heads_of_largest_effect_by_position(tmp_path):
     TOP_HEADS strongest (by either sign, at any position), labelled L{l}H{h} in layer order."""
     from PIL import Image
 
-    from scratch_models.analysis.figures import TOP_HEADS, _shown_rows, patching_png
+    from scratch_models.views.figures import TOP_HEADS, _shown_rows, patching_png
     from scratch_models.analysis.patching import PatchingResult
 
     layers, positions, heads = 4, 3, 5  # 20 heads, more than TOP_HEADS

@@ -53,8 +53,8 @@ def write_atomically(path: str | os.PathLike, data: bytes) -> Path:
 
 @functools.cache
 def page_file(name: str) -> str:
-    """The text of scratch_models/pages/`name`."""
-    return (resources.files(__package__) / "pages" / name).read_text(encoding="utf-8")
+    """The text of scratch_models/views/static/`name`."""
+    return (resources.files(__package__) / "static" / name).read_text(encoding="utf-8")
 
 
 def script_json(data) -> str:

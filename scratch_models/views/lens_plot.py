@@ -10,7 +10,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from .analysis.lens import LensTable
+from ..analysis.lens import LensTable
 from .display import render_png
 
 DPI = 100

@@ -1,5 +1,5 @@
 """Self-contained HTML pages of head scores and patching sweeps: markup, style and script are package data files
-(scratch_models/pages/: the shell analysis.html and analysis.css, a body and a script per page, and the heatmap
+(scratch_models/views/static/: the shell analysis.html and analysis.css, a body and a script per page, and the heatmap
 script and style they share with the attention page), filled in here with the numbers as JSON. Nothing is fetched
 when the page opens.
 
@@ -11,9 +11,9 @@ import html
 import re
 from typing import Sequence
 
-from ..display import page_file, script_json
-from .heads import HeadReport
-from .patching import PatchingResult
+from ..analysis.heads import HeadReport
+from ..analysis.patching import PatchingResult
+from .display import page_file, script_json
 
 def heads_html(report: HeadReport, *, title: str = "attention heads") -> str:
     subtitle = f"{report.num_layers} layers × {report.num_heads} heads · target: {report.target}"

@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from helpers import assert_parity
 from scratch_models import BertForMaskedLM, BertModel, CheckpointError, ConfigError, GPT2LMHeadModel, GPT2Model
 from scratch_models_cli.cli import main
-from test_robustness import fake_hub, hf_model, http_error, raises, sharded
+from helpers import fake_hub, http_error
+from test_robustness import hf_model, raises, sharded
 
 
 @pytest.fixture(scope="module")

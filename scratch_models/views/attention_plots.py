@@ -15,8 +15,8 @@ import math
 
 from matplotlib.figure import Figure
 
+from ..inspection import AttentionCapture
 from .display import PNG, render_png
-from .inspection import AttentionCapture
 
 DPI = 100
 GRID_CELL, GRID_LEFT, GRID_TOP = 80, 60, 50  # pixels

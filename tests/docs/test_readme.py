@@ -18,9 +18,9 @@ import transformers
 
 from weight_mapping import embedded_checkpoint
 from helpers import randomize_
-from test_loading import fake_hub_cache
+from helpers import fake_hub_cache
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 NEEDS = re.compile(r"^# needs (\S+) from the hub once$")
 MINILM = embedded_checkpoint()
 BERT_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")  # same vocab

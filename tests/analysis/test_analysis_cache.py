@@ -571,7 +571,7 @@ def test_real_minilm_decomposition_and_hidden_states():
 
 
 def test_the_readme_first_study_runs_offline(monkeypatch):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     study = re.search(r"### A first study, offline.*?```python\n(.*?)```", readme, re.S)[1]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     scope = {}

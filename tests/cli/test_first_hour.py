@@ -16,8 +16,8 @@ from scratch_models_cli.cli import main
 from scratch_models_cli.convert import convert
 from scratch_models_cli.verify import verify
 from weight_mapping import embedded_checkpoint, readers
-from test_loading import fake_hub_cache
-from test_robustness import fake_hub
+from helpers import fake_hub_cache
+from helpers import fake_hub
 
 MINILM = embedded_checkpoint()
 

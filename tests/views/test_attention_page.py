@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from scratch_models.analysis.heads import AttentionSummary, HeadReport
-from scratch_models.attention_page import MAX_BYTES, MAX_TOKENS, AttentionPage
+from scratch_models.views.attention_page import MAX_BYTES, MAX_TOKENS, AttentionPage
 from scratch_models.inspection import AttentionCapture
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 L, H, S, D = 3, 4, 7, 8
 TOKENS = ["[CLS]", "<b>&\"x", "Ġthe", "</script>", "it's", "</s>", "[SEP]"]
 ROW, LINES, SQUARE, FAINTEST = 22, 360, 7, 5  # the head view's geometry in attention.js
@@ -96,7 +96,7 @@ def test_page_is_self_contained():
 def test_markup_ships_as_package_data():
     """The page's files are in the wheel: pyproject's package-data globs cover every file under pages/."""
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    pages = REPO / "scratch_models" / "pages"
+    pages = REPO / "scratch_models" / "views" / "static"
     files = sorted(p.relative_to(pages.parent).as_posix() for p in pages.iterdir())
     assert {"pages/attention.css", "pages/attention.html", "pages/attention.js"} <= set(files)
     assert all(any(fnmatch(f, g) for g in globs["scratch_models"]) for f in files)

@@ -15,22 +15,10 @@ from safetensors.torch import load_file, save_file
 
 from scratch_models import BertConfig, BertModel, CheckpointError, ConfigError
 from weight_mapping import embedded_checkpoint
-from helpers import hub_model_available
+from helpers import fake_hub_cache, hub_model_available
 
 MINILM = embedded_checkpoint()
-REPO = Path(__file__).resolve().parents[1]
-
-
-def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> None:
-    """The layout huggingface_hub keeps in its cache: refs/main -> snapshots/<commit>/<files>."""
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for name, source in files.items():
-        (snapshot / name).symlink_to(source)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_offline(code: str, cache: Path) -> subprocess.CompletedProcess:

@@ -16,10 +16,10 @@ from PIL import Image, ImageStat
 from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
 from scratch_models import attention as attention_module
 from scratch_models.analysis.heads import attention_summary, token_groups
-from scratch_models.attention_page import AttentionPage
-from scratch_models.attention_plots import (GRID_CELL, GRID_LEFT, GRID_TOP, HEAD_MAX, HEAD_MIN, LABEL_PX,
+from scratch_models.views.attention_page import AttentionPage
+from scratch_models.views.attention_plots import (GRID_CELL, GRID_LEFT, GRID_TOP, HEAD_MAX, HEAD_MIN, LABEL_PX,
                                             attention_grid_png, head_png, head_side, label_every)
-from scratch_models.display import PNG
+from scratch_models.views.display import PNG
 from scratch_models.inspection import AttentionCapture, attention_names, format_summary, summarize
 from scratch_models_cli.cli import main
 from scratch_models.families import FAMILIES
@@ -29,7 +29,7 @@ from weight_mapping import embedded_checkpoint
 from helpers import LOGITS_ATOL, assert_parity, randomize_, sighted
 
 MINILM = embedded_checkpoint()
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

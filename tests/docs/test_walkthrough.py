@@ -14,7 +14,7 @@ from scratch_models.bert.model import BertSelfAttention
 from scratch_models_docs import hook_names as docs
 from scratch_models_docs.walkthrough import ExcerptError, excerpt, image_paths, walkthrough_markdown
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "walkthrough.md"
 # the link the generator puts above each excerpt, then the excerpt itself
 EXCERPT = re.compile(r"^\[(?P<path>[^\]#]+)#L(?P<first>\d+)(?:-L(?P<last>\d+))?\]"

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, Remo
 from safetensors.torch import load_file, save_file
 
 from scratch_models import BertForMaskedLM, BertModel, CheckpointError, ConfigError, GPT2LMHeadModel, GPT2Model
-from weight_mapping import TOKENIZER_FILES, readers
-from helpers import LOGITS_ATOL, assert_parity
+from helpers import LOGITS_ATOL, assert_parity, fake_hub, http_error
 
 VOCAB, POSITIONS = 29, 9
 BERT_CONFIG = dict(vocab_size=VOCAB, hidden_size=15, num_hidden_layers=1, num_attention_heads=3, intermediate_size=7,
@@ -273,31 +271,6 @@ def test_path_that_does_not_exist(tmp_path):
 def test_name_that_is_neither_a_path_nor_a_valid_hub_id():
     raises(CheckpointError, "a--b: no such local path, and not a valid hub model id",
            call=lambda: GPT2Model.from_pretrained("a--b"))
-
-
-def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict]:
-    """huggingface_hub.hf_hub_download answering from `answers`: filename -> a path, or an exception to raise; a
-    tokenizer file it is not given is absent from the repository (404), any other file fails the test. The hub
-    answers the reachability probe as `reachable` says. Returns the calls made, their arguments each."""
-    calls = []
-
-    def download(repo_id, filename, **kwargs):
-        calls.append(dict(repo_id=repo_id, filename=filename, **kwargs))
-        answer = answers[filename] if filename not in TOKENIZER_FILES else answers.get(
-            filename, http_error(RemoteEntryNotFoundError, 404))
-        if isinstance(answer, Exception):
-            raise answer
-        return str(answer)
-
-    monkeypatch.setattr("huggingface_hub.hf_hub_download", download)
-    monkeypatch.setattr(readers, "_hub_unreachable",
-                        lambda: None if reachable else "the hub (huggingface.co) cannot be reached (timed out)")
-    return calls
-
-
-def http_error(kind, status: int):
-    """An error as huggingface_hub raises it for an HTTP answer `status` (only headers and request are read)."""
-    return kind(f"{status} for the request", response=SimpleNamespace(status_code=status, headers={}, request=None))
 
 
 def test_offline_with_nothing_cached_names_the_file_and_the_cache(monkeypatch):

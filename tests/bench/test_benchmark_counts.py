@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from scratch_models import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 from scratch_models.generation import KVCache
 
-spec = importlib.util.spec_from_file_location("benchmark", Path(__file__).parents[1] / "scripts" / "benchmark.py")
+spec = importlib.util.spec_from_file_location("benchmark", Path(__file__).resolve().parents[2] / "scripts" / "benchmark.py")
 benchmark = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(benchmark)
 

@@ -10,7 +10,7 @@ import transformers
 from PIL import Image
 
 from helpers import randomize_
-from scratch_models.lens_plot import CELL_HEIGHT, CELL_WIDTH, BOTTOM, LEFT, RIGHT, TOP
+from scratch_models.views.lens_plot import CELL_HEIGHT, CELL_WIDTH, BOTTOM, LEFT, RIGHT, TOP
 from scratch_models_cli.cli import main
 from weight_mapping import embedded_checkpoint
 

@@ -30,9 +30,9 @@ import re
 
 import torch
 
-from .analysis.heads import AttentionSummary, HeadReport
+from ..analysis.heads import AttentionSummary, HeadReport
+from ..inspection import AttentionCapture
 from .display import page_file, script_json, write_atomically
-from .inspection import AttentionCapture
 
 MAX_BYTES = 20_000_000  # a few seconds to open in Chromium on a 2-core machine; a notebook output stays sane
 MAX_TOKENS = 1024  # the head view draws each token as a 22 px row on one canvas, at most 32767 px high
