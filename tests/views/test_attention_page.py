@@ -94,12 +94,12 @@ def test_page_is_self_contained():
 
 
 def test_markup_ships_as_package_data():
-    """The page's files are in the wheel: pyproject's package-data globs cover every file under pages/."""
+    """The page's files are in the wheel: pyproject's package-data globs cover every file under views/static/."""
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     pages = REPO / "scratch_models" / "views" / "static"
     files = sorted(p.relative_to(pages.parent).as_posix() for p in pages.iterdir())
-    assert {"pages/attention.css", "pages/attention.html", "pages/attention.js"} <= set(files)
-    assert all(any(fnmatch(f, g) for g in globs["scratch_models"]) for f in files)
+    assert {"static/attention.css", "static/attention.html", "static/attention.js"} <= set(files)
+    assert all(any(fnmatch(f, g) for g in globs["scratch_models.views"]) for f in files)
 
 
 def test_tokens_are_escaped_and_round_trip():
