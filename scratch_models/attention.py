@@ -1,4 +1,4 @@
-"""Scaled dot-product attention over heads, shared by BERT and GPT-2.
+"""Scaled dot-product attention over heads, shared by every family.
 
     Attention(Q, K, V) = softmax(Q Kᵀ / sqrt(d_head), over the keys each query may see) V
 
@@ -72,7 +72,8 @@ def is_masked(scores: torch.Tensor) -> torch.Tensor:
 
 
 def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores: HookPoint, probs: HookPoint,
-           explicit: bool, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+           explicit: bool, causal: bool = False,
+           upcast_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q [batch, heads, query, head_dim], k, v [batch, heads, key, head_dim] -> (context [batch, heads, query,
     head_dim], probs or None).
 
@@ -80,6 +81,8 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
     with no mask given (the fused kernel then applies causality itself, and skips the blocked half).
     `explicit` (or anyone listening on the `scores` / `probs` hook points) takes the readable path and returns
     the probabilities [batch, heads, query, key]; otherwise the fused kernel runs and probs is None.
+    `upcast_softmax`: the explicit path's softmax runs in float32 and is cast back (GPT-NeoX, as transformers'
+    eager attention computes it there); it changes nothing in float32.
     """
     if not (explicit or scores.active or probs.active):
         if mask is None:
@@ -91,7 +94,9 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [batch, heads, query, key]: how well each query fits each key
     if mask is not None:
         s = s.masked_fill(~mask.keep, torch.finfo(s.dtype).min)  # set, not added: adding could overflow to -inf
-    weights = F.softmax(scores(s), dim=-1)  # each query's weights over the keys it may see sum to 1
+    s = scores(s)
+    # each query's weights over the keys it may see sum to 1
+    weights = F.softmax(s, dim=-1, dtype=torch.float32).to(s.dtype) if upcast_softmax else F.softmax(s, dim=-1)
     if mask is not None:
         weights = weights.masked_fill(mask.blind, 0.0)  # a query that may see nothing attends to nothing
     weights = probs(weights)
@@ -113,7 +118,7 @@ RESULT_DOC = ("each head's output in the residual stream's basis: its context th
 def project_heads(merged: torch.Tensor, projection: nn.Module, weight: torch.Tensor, num_heads: int,
                   result: HookPoint) -> torch.Tensor:
     """merged [b, s, n * d] (the heads side by side) -> [b, s, h] through the output `projection`, whose matrix is
-    `weight` [n * d, h] and bias `projection.bias`.
+    `weight` [n * d, h] and bias `projection.bias` (or none).
 
     With someone listening on `result`, the projection is taken head by head instead: `result` [b, s, n, h] holds
     each head's term, and the output is their sum plus the bias, so an edit of one head's term reaches the output.
@@ -123,7 +128,8 @@ def project_heads(merged: torch.Tensor, projection: nn.Module, weight: torch.Ten
     if not result.active:
         return projection(merged)
     per_head = merged.unflatten(-1, (num_heads, -1))  # [b, s, n, d]
-    return result(head_results(per_head, weight)).sum(dim=-2) + projection.bias
+    summed = result(head_results(per_head, weight)).sum(dim=-2)
+    return summed if projection.bias is None else summed + projection.bias
 
 
 def head_results(per_head: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from weight_mapping import CheckpointError, MappingTable
@@ -32,8 +33,14 @@ class ResidualStream:
         return "embeddings.out" if layer == 0 else f"layers.{layer - 1}.out"
 
     def resid_mid(self, layer: int) -> str:
-        """The stream between layer's attention and its MLP (TransformerLens' resid_mid)."""
+        """The stream between layer's attention and its MLP (TransformerLens' resid_mid); a ValueError where there
+        is none (see has_mid)."""
         raise NotImplementedError
+
+    @property
+    def has_mid(self) -> bool:
+        """Whether a stream runs between each layer's attention and its MLP (resid_mid)."""
+        return True
 
     def decomposition(self, layer: int, mlp_input: bool) -> tuple[list[tuple[str, str, str]], str, nn.Module]:
         """(parts as (label, hook name, kind: embed / attn / mlp / resid), the hook name of their sum, the LayerNorm
@@ -56,6 +63,59 @@ class ResidualStream:
         """[V, h]: the matrix the read-out scores a normalised stream against, where the read-out is linear in the
         stream once the final LayerNorm's scale is frozen (direct logit attribution); a ValueError otherwise."""
         raise NotImplementedError
+
+
+class PreLNStream(ResidualStream):
+    """Pre-LN (GPT-2, GPT-NeoX): each sublayer reads a normalised copy of the stream and adds its output to it, so
+    the stream is a running sum of the embeddings and every attention and MLP output. A family sets `embed_parts`,
+    (label, hook name) of the embeddings that sum to what layer 0 reads, and `parallel` where attention and MLP both
+    read the stream a layer starts from (GPT-NeoX's use_parallel_residual): then no stream runs between them. Its
+    model has `norm_f` (the final LayerNorm) and, per layer, `norm_1` and `norm_2` (the LayerNorms its attention and
+    its MLP read through)."""
+
+    post_ln = False
+    embed_parts: tuple[tuple[str, str], ...] = ()
+    parallel = False
+
+    @property
+    def has_mid(self) -> bool:
+        return not self.parallel
+
+    def resid_mid(self, layer: int) -> str:
+        if self.parallel:
+            raise ValueError(f"this {type(self.model).__name__} uses the parallel residual (attention and MLP both "
+                             "read the stream the layer starts from, as in every Pythia model): no stream runs "
+                             "between them, so there is no resid_mid; use resid_pre")
+        return f"layers.{layer}.resid_mid"
+
+    def decomposition(self, layer, mlp_input):
+        if mlp_input and layer == self.n_layers:
+            raise ValueError("mlp_input=True needs a layer below the number of layers (no MLP reads the final stream)")
+        parts = [(label, name, "embed") for label, name in self.embed_parts]
+        with_own_attn = mlp_input and not self.parallel  # the MLP reads the layer's own attention output too
+        for l in range(layer + with_own_attn):
+            parts.append((f"{l}_attn_out", f"layers.{l}.attn.proj", "attn"))
+            if l < layer:
+                parts.append((f"{l}_mlp_out", f"layers.{l}.mlp.proj", "mlp"))
+        if mlp_input:
+            total = self.resid_mid(layer) if with_own_attn else self.resid_pre(layer)
+            return parts, total, self.model.layers[layer].norm_2
+        norm = self.model.norm_f if layer == self.n_layers else self.model.layers[layer].norm_1
+        return parts, self.resid_pre(layer), norm
+
+    def final_norm(self, stack: torch.Tensor) -> torch.Tensor:
+        return self.model.norm_f(stack)
+
+    def read_out(self, stack):
+        return F.linear(self.final_norm(stack), self.unembedding())
+
+    def unembedding(self):
+        model = self.model
+        if not model.config.tie_word_embeddings and getattr(model, "lm_head", None) is None:
+            raise ValueError(f"this {type(model).__name__}'s config unties the LM head from the token embeddings "
+                             f"(tie_word_embeddings false) and the model has no lm_head: load the checkpoint as "
+                             f"{model.family.lm.__name__}")
+        return model.output_embeddings
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

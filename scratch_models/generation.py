@@ -89,7 +89,8 @@ FROM_CONFIG = _FromConfig()
 
 
 class GenerationMixin:
-    """`generate` for GPT2LMHeadModel: greedy or sampled decoding with the KV cache, batched with left padding."""
+    """`generate` for a causal LM (GPT2LMHeadModel, GPTNeoXForCausalLM): greedy or sampled decoding with the KV
+    cache, batched with left padding."""
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -127,14 +128,16 @@ class GenerationMixin:
         # padding sits at position 0 (masked anyway). transformers' generate does the same.
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         prompt_end = int(positions[:, -1].max())  # the position of the longest prompt's last token
-        if prompt_end >= config.n_positions:
+        field = self.family.positions_field
+        limit = getattr(config, field)
+        if prompt_end >= limit:
             raise ValueError(f"input_ids: the longest prompt has {prompt_end + 1} tokens; this model has "
-                             f"n_positions={config.n_positions}")
+                             f"{field}={limit}")
         last_position = prompt_end + max_new_tokens - 1  # the last generated token is not fed
-        if last_position >= config.n_positions:
+        if last_position >= limit:
             raise ValueError(f"generating {max_new_tokens} tokens after these prompts reaches position "
-                             f"{last_position}; this model has n_positions={config.n_positions}, so at most "
-                             f"max_new_tokens={config.n_positions - prompt_end} fit")
+                             f"{last_position}; this model has {field}={limit}, so at most "
+                             f"max_new_tokens={limit - prompt_end} fit")
 
         # Everything sized once: the cache, the output and the mask grow by writing into them, never by copying.
         tokens = input_ids.new_empty(batch, prompt_len + max_new_tokens)
@@ -182,7 +185,7 @@ class CachedDecoding:
 
     def __init__(self, model, attention_mask: torch.Tensor, capacity: int):
         self.model = model
-        self.cache = KVCache(model.config.n_layer, capacity=capacity)
+        self.cache = KVCache(len(model.layers), capacity=capacity)
         self.mask = None  # without padding no mask is needed at all
         if not bool(attention_mask.all()):
             self.mask = attention_mask.new_ones(attention_mask.shape[0], capacity)

@@ -425,13 +425,17 @@ SWEPT = {"resid_pre": "resid_pre", "resid_mid": "resid_mid", "attn_out": "attn_o
 
 
 def activation_patching(model, clean_tokens, corrupted_tokens, metric: Metric, *,
-                        sweeps: Sequence[str] = tuple(SWEEPS), attribution: bool = True,
+                        sweeps: Sequence[str] | None = None, attribution: bool = True,
                         batch_size: int = DEFAULT_BATCH_SIZE) -> PatchingResult:
-    """Run the clean and corrupted prompts and every sweep in `sweeps` (keys of SWEEPS), and, with `attribution`,
+    """Run the clean and corrupted prompts and every sweep in `sweeps` (keys of SWEEPS; None: every one the model
+    has, which leaves resid_mid out where no stream runs between attention and MLP), and, with `attribution`,
     attribution patching's estimate of each. Clean and corrupted prompts must have the same length and the same
     padding, so that a position holds the same slot in both."""
     clean, corrupted = forward_inputs(clean_tokens), forward_inputs(corrupted_tokens)
     _check_alike(clean, corrupted)
+    if sweeps is None:
+        has_mid = model.family.stream(model).has_mid
+        sweeps = [sweep for sweep in SWEEPS if has_mid or SWEPT[sweep] != "resid_mid"]
     unknown = [sweep for sweep in sweeps if sweep not in SWEEPS]
     if unknown:
         raise ValueError(f"unknown sweep {', '.join(unknown)}; choose from {', '.join(SWEEPS)}")

@@ -78,5 +78,16 @@ class GPT2Config(ModelConfig):
         return self.n_embd // self.n_head
 
     @property
+    def hidden_size(self) -> int:
+        """n_embd, by the name the other families' configs and the shared decoder code use."""
+        return self.n_embd
+
+    @property
+    def token_classifier_dropout(self) -> float:
+        """GPT2ForTokenClassification's dropout, as transformers chooses it: classifier_dropout, else hidden_dropout,
+        else 0.1 (not resid_pdrop)."""
+        return next((p for p in (self.classifier_dropout, self.hidden_dropout) if p is not None), 0.1)
+
+    @property
     def inner_dim(self) -> int:
         return 4 * self.n_embd if self.n_inner is None else self.n_inner

@@ -1,53 +1,21 @@
 """GPT-2 declares itself: its classes, mapping table and residual stream, for the layers above the models."""
 
-import torch
-import torch.nn.functional as F
-
 from weight_mapping import GPT2
 
-from ..family import Family, ResidualStream
+from ..family import Family, PreLNStream
 from .config import GPT2Config
 from .model import GPT2LMHeadModel, GPT2Model
 from .task_heads import (GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
                          GPT2ForTokenClassification)
 
 
-class GPT2Stream(ResidualStream):
-    """Pre-LN: the stream is a running sum of the embeddings and every attention and MLP output."""
+class GPT2Stream(PreLNStream):
+    """Pre-LN: the stream is a running sum of the token and position embeddings and every attention and MLP output."""
 
-    post_ln = False
-
-    def resid_mid(self, layer: int) -> str:
-        return f"layers.{layer}.resid_mid"
-
-    def decomposition(self, layer, mlp_input):
-        if mlp_input and layer == self.n_layers:
-            raise ValueError("mlp_input=True needs a layer below the number of layers (no MLP reads the final stream)")
-        parts = [("embed", "embeddings.word", "embed"), ("pos_embed", "embeddings.position", "embed")]
-        for l in range(layer + mlp_input):
-            parts.append((f"{l}_attn_out", f"layers.{l}.attn.proj", "attn"))
-            if l < layer:
-                parts.append((f"{l}_mlp_out", f"layers.{l}.mlp.proj", "mlp"))
-        if mlp_input:
-            return parts, self.resid_mid(layer), self.model.layers[layer].norm_2
-        norm = self.model.norm_f if layer == self.n_layers else self.model.layers[layer].norm_1
-        return parts, self.resid_pre(layer), norm
-
-    def final_norm(self, stack: torch.Tensor) -> torch.Tensor:
-        return self.model.norm_f(stack)
+    embed_parts = (("embed", "embeddings.word"), ("pos_embed", "embeddings.position"))
 
     def out_weight(self, layer):
         return self.model.layers[layer].attn.c_proj.weight
-
-    def read_out(self, stack):
-        return F.linear(self.final_norm(stack), self.unembedding())
-
-    def unembedding(self):
-        model = self.model
-        if not model.config.tie_word_embeddings and getattr(model, "lm_head", None) is None:
-            raise ValueError(f"this {type(model).__name__}'s config unties the LM head from wte (tie_word_embeddings "
-                             "false) and the model has no lm_head: load the checkpoint as GPT2LMHeadModel")
-        return model.output_embeddings
 
 
 FAMILY = Family(

@@ -5,26 +5,24 @@
     final      = LN(x)
     LM head    = final @ wteᵀ  (tied to the token embeddings; a matrix of its own when the config unties it)
 
+The stack's forward pass (KV cache, masks, positions) and the LM head's are decoder.py's, shared with GPT-NeoX.
+
 Shapes: b batch, s new tokens, p tokens already in the KV cache, h n_embd, n heads, d = h / n head size,
 m MLP width, V vocabulary. Every `HookPoint` names a tensor that `run_with_cache` can read and `run_with_hooks`
 can replace. LayerNorm modules are `norm_*` (as in BERT); the hook points on their outputs carry the checkpoint's
 names `ln_1`, `ln_2`, `ln_f`. The task heads (classification, question answering, multiple choice) are in
-gpt2_heads.py.
+task_heads.py.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from weight_mapping import GPT2
 
 from ..activations import get_activation
-from ..attention import attend, causal_mask, nothing_padded, project_heads, result_point
-from ..generation import GenerationMixin, KVCache
+from ..attention import attend, project_heads, result_point
+from ..decoder import CausalDecoder, CausalLM, Step
 from ..hook_point import HookPoint
-from ..inputs import check_ids, check_mask
-from ..outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from ..pretrained import PretrainedModel
 from .config import GPT2Config
 
 
@@ -87,18 +85,18 @@ class GPT2Attention(nn.Module):
     def split_heads(self, x):  # [b, s, h] -> [b, n, s, d]
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x, mask, causal: bool, cache: KVCache | None, need_probs: bool):
+    def forward(self, x, step: Step):
         q, k, v = self.c_attn(x).split(x.shape[-1], dim=2)
         q, k, v = self.q(self.split_heads(q)), self.k(self.split_heads(k)), self.v(self.split_heads(v))
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # with the cached tokens' in front: [b, n, p + s, d]
+        if step.cache is not None:
+            k, v = step.cache.update(self.layer_idx, k, v)  # with the cached tokens' in front: [b, n, p + s, d]
         else:
             # dense copies, as transformers' forward holds them (it keeps a cache by default): the matmuls then
             # run the same kernels on the same layout and round exactly as transformers does
             k, v = k.contiguous(), v.contiguous()
-        context, probs = attend(q, k, v, mask, scale=self.scale,
+        context, probs = attend(q, k, v, step.mask, scale=self.scale,
                                 dropout_p=self.attention_dropout if self.training else 0.0,
-                                scores=self.scores, probs=self.probs, explicit=need_probs, causal=causal)
+                                scores=self.scores, probs=self.probs, explicit=step.need_probs, causal=step.causal)
         merged = self.context(context).transpose(1, 2).reshape(x.shape)  # heads side by side: [b, s, h]
         projected = project_heads(merged, self.c_proj, self.c_proj.weight, self.num_heads, self.result)
         return self.dropout(self.proj(projected)), probs
@@ -136,13 +134,13 @@ class GPT2Block(nn.Module):
         self.mlp = GPT2MLP(config)
         self.out = HookPoint("b, s, h", "residual stream plus MLP: the block's output")
 
-    def forward(self, x, mask, causal: bool, cache: KVCache | None, need_probs: bool):
-        attn_out, probs = self.attn(self.ln_1(self.norm_1(x)), mask, causal, cache, need_probs)
+    def forward(self, x, step: Step):
+        attn_out, probs = self.attn(self.ln_1(self.norm_1(x)), step)
         x = self.resid_mid(attn_out + x)  # sublayer output + residual, transformers' order
         return self.out(self.mlp(self.ln_2(self.norm_2(x))) + x), probs
 
 
-class GPT2Model(PretrainedModel):
+class GPT2Model(CausalDecoder):
     config_class = GPT2Config
     mapping_table = GPT2
     table_indices = {"input_ids": "vocab_size", "position_ids": "n_positions"}
@@ -155,108 +153,10 @@ class GPT2Model(PretrainedModel):
         self.norm_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.ln_f = HookPoint("b, s, h", "final LayerNorm of the residual stream: the last hidden state")
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
-                use_cache: bool = False, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> BaseModelOutputWithPast:
-        """input_ids [b, s]: the new tokens; attention_mask [b, p + s] 1 keep / 0 pad, covering the cached tokens
-        too; position_ids [b, s] or [1, s] (default p .. p+s-1, as in transformers' forward: a left-padded row
-        wants its own, see `generate`); past_key_values: a KVCache to attend to and extend, or None (then
-        `use_cache=True` starts one). The cache in use is returned as `past_key_values`.
-
-        A query that may see no key (its row of attention_mask all 0 up to it, e.g. left padding) is legal: its
-        attention weights and context are 0, as transformers' default SDPA attention computes (its eager path
-        spreads them evenly). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
-        naming them; a bad call leaves the cache as it was."""
-        config = self.config
-        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
-        batch, seq = input_ids.shape
-        if past_key_values is not None and not isinstance(past_key_values, KVCache):
-            raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
-                             f"got {type(past_key_values).__name__}")
-        if past_key_values is not None and past_key_values.batch_size not in (None, batch):
-            raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds "
-                             f"{past_key_values.batch_size} rows")
-        cache = KVCache(config.n_layer) if past_key_values is None and use_cache else past_key_values
-        past = cache.length if cache is not None else 0
-        if position_ids is None:
-            if past + seq > config.n_positions:
-                raise ValueError(f"{past} cached and {seq} new tokens need positions up to {past + seq - 1}; "
-                                 f"this model has n_positions={config.n_positions}, so at most "
-                                 f"{config.n_positions} tokens fit, cached ones included")
-            position_ids = torch.arange(past, past + seq, device=input_ids.device)[None, :]
-        check_ids("position_ids", position_ids, *self.table_size("position_ids"), shapes=((batch, seq), (1, seq)))
-        check_mask("attention_mask", attention_mask, (batch, past + seq))
-
-        x = self.embeddings(input_ids, position_ids)
-        if attention_mask is not None and nothing_padded(attention_mask):
-            attention_mask = None
-        # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
-        # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
-        causal = attention_mask is None and past == 0
-        mask = None if causal else causal_mask(attention_mask, seq, past, x.device)
-        hidden_states, attentions = ([x] if output_hidden_states else None), []  # kept only when asked
-        for layer in self.layers:
-            x, probs = layer(x, mask, causal, cache, need_probs=output_attentions)
-            if output_hidden_states:
-                hidden_states.append(x)
-            attentions.append(probs)
-        if cache is not None:
-            cache.advance(seq)
-        x = self.ln_f(self.norm_f(x))
-        if output_hidden_states:
-            hidden_states[-1] = x  # transformers' convention: the last hidden state is the one after ln_f
-        return BaseModelOutputWithPast(
-            last_hidden_state=x,
-            past_key_values=cache,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
-
-    @property
-    def output_embeddings(self) -> torch.Tensor:
-        """[V, h] the matrix an LM head scores against (GPT2LMHeadModel, GPT2DoubleHeadsModel): wte, to which GPT-2
-        ties it, or the head's own `lm_head` when config.tie_word_embeddings is false."""
-        return self.embeddings.wte.weight if self.config.tie_word_embeddings else self.lm_head.weight
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.wte
 
 
-def untied_lm_head(config: GPT2Config) -> nn.Linear | None:
-    """An LM head's own matrix (transformers' `lm_head`) when config.tie_word_embeddings is false, else None."""
-    return None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
-
-
-class GPT2LMHeadModel(GPT2Model, GenerationMixin):
-    """GPT-2 plus the language-model head: logits over the vocabulary for the token after each position."""
-
-    checkpoint_prefixed = True
-    tied_output_layer = True
-
-    def __init__(self, config: GPT2Config):
-        super().__init__(config)
-        self.lm_head = untied_lm_head(config)
-        self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
-                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
-                labels=None, logits_to_keep: int = 0) -> CausalLMOutputWithPast:
-        """As GPT2Model.forward; `labels` [b, s] (-100 = not scored, usually input_ids) adds the cross-entropy
-        loss of predicting labels[:, t + 1] from position t. `logits_to_keep`: compute the logits of the last
-        that many positions only (0: all), as in transformers; decoding needs just the last one."""
-        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be an int >= 0, got {logits_to_keep!r}")
-        if labels is not None and logits_to_keep:
-            raise ValueError("labels need the logits of every position: leave logits_to_keep=0")
-        if labels is not None:  # checked before the forward pass, which would already have extended a cache
-            check_ids("input_ids", input_ids, *self.table_size("input_ids"))
-            check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
-                      ignore=-100)
-        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        logits = self.logits(F.linear(hidden, self.output_embeddings))
-        loss = None
-        if labels is not None:
-            # in fp32, as transformers computes it; the last position has no next token to score
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                   labels[:, 1:].reshape(-1), ignore_index=-100)
-        return CausalLMOutputWithPast(logits=logits, loss=loss, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states, attentions=out.attentions)
+class GPT2LMHeadModel(CausalLM, GPT2Model):
+    """GPT-2 plus the language-model head: logits over the vocabulary for the token after each position (tied to
+    wte; a matrix of its own, `lm_head`, when the config unties it)."""

@@ -3,6 +3,7 @@
     GPT2ForSequenceClassification   score: h -> L at every position, read at each row's last token
     GPT2ForTokenClassification      classifier: h -> L at every position
     GPT2ForQuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
+                                    (these three are decoder_heads.py's, shared with GPT-NeoX)
     GPT2DoubleHeadsModel            on [b, c, s] inputs, c choices per example: the LM head (tied to wte, as in
                                     GPT2LMHeadModel) on every token, and a multiple-choice head on one token of each
                                     choice
@@ -19,123 +20,27 @@ from torch import nn
 
 from ..activations import get_activation
 from ..config import ConfigError
+from ..decoder import untied_lm_head
+from ..decoder_heads import QuestionAnswering, SequenceClassification, TokenClassification
 from ..generation import KVCache
 from ..hook_point import HookPoint
 from ..inputs import check_ids, check_mask
-from ..losses import check_classification_labels, classification_loss, cross_entropy, span_loss
-from ..outputs import (GPT2DoubleHeadsModelOutput, QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast,
-                      TokenClassifierOutput)
+from ..losses import cross_entropy
+from ..outputs import GPT2DoubleHeadsModelOutput
 from .config import GPT2Config
-from .model import GPT2Model, untied_lm_head
+from .model import GPT2Model
 
 
-class GPT2ForSequenceClassification(GPT2Model):
-    """A class for the whole sequence, read at its last token: the only one whose attention saw all the others."""
-
-    checkpoint_prefixed = True
-    reads_last_token = True
-
-    def __init__(self, config: GPT2Config):
-        super().__init__(config)
-        self.score = nn.Linear(config.n_embd, config.num_labels, bias=False)
-        self.token_logits = HookPoint("b, s, L", "class scores at every position (score), before one is read")
-        self.logits = HookPoint("b, L", "class scores at each row's last token that is not padding: the output")
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
-                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
-                labels=None) -> SequenceClassifierOutputWithPast:
-        """As GPT2Model.forward. `labels`: [b] class indices (torch.long), or float [b, L] 0/1 targets (multi-label),
-        or float [b] (L = 1) / [b, L] values (regression); config.problem_type says which, or else the labels do
-        (see losses.py). With a cache, the row is read at its last new token that is not padding."""
-        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
-        last = self.last_tokens(input_ids)  # checked before the forward pass, which would extend a cache
-        if labels is not None:
-            problem_type = check_classification_labels(labels, (len(last), self.config.num_labels),
-                                                       self.config.num_labels, self.config.problem_type)
-        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        token_logits = self.token_logits(self.score(out.last_hidden_state))
-        logits = self.logits(token_logits[torch.arange(len(last), device=last.device), last])
-        loss = None
-        if labels is not None:
-            loss = classification_loss(logits, labels, self.config.num_labels, problem_type, checked=True)
-        return SequenceClassifierOutputWithPast(logits=logits, loss=loss, past_key_values=out.past_key_values,
-                                                hidden_states=out.hidden_states, attentions=out.attentions)
-
-    def last_tokens(self, input_ids) -> torch.Tensor:
-        """[b] the position each row is read at: its rightmost token that is not config.pad_token_id, so right and
-        left padding both work (a row of nothing but padding: position 0). As transformers, from input_ids alone:
-        attention_mask plays no part. Without a pad_token_id: the last position, which is right for one row only."""
-        batch, seq = input_ids.shape
-        pad = self.config.pad_token_id
-        if pad is None:
-            if batch > 1:
-                raise ValueError(f"{type(self).__name__} reads each row at its last token that is not padding, and "
-                                 f"config.pad_token_id is not set, so padding cannot be told apart: cannot handle "
-                                 f"batch sizes > 1 (got {batch}). Set pad_token_id in config.json (GPT-2 has no pad "
-                                 "token; fine-tuning usually pads with eos_token_id), or pass one row at a time")
-            return torch.full((1,), seq - 1, device=input_ids.device)
-        real = (input_ids != pad).to(torch.int32)
-        positions = torch.arange(seq, device=input_ids.device, dtype=torch.int32)
-        return (positions * real).argmax(-1)  # the largest position holding a real token; 0 if there is none
+class GPT2ForSequenceClassification(SequenceClassification, GPT2Model):
+    """A class for the whole sequence, read at its last token (decoder_heads.SequenceClassification)."""
 
 
-class GPT2ForTokenClassification(GPT2Model):
-    """A class for every token (named entities, parts of speech)."""
-
-    checkpoint_prefixed = True
-
-    def __init__(self, config: GPT2Config):
-        super().__init__(config)
-        # transformers' choice: classifier_dropout, else hidden_dropout, else 0.1 (not resid_pdrop)
-        dropout = next((p for p in (config.classifier_dropout, config.hidden_dropout) if p is not None), 0.1)
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(config.n_embd, config.num_labels)
-        self.logits = HookPoint("b, s, L", "class scores of every token")
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, labels=None) -> TokenClassifierOutput:
-        """As GPT2Model.forward, without a KV cache (the output has no place for one, as in transformers).
-        `labels` [b, s]: class indices, -100 where a token is not scored (padding, a word's later pieces); the
-        loss is their cross-entropy, whatever config.problem_type says (as in transformers)."""
-        out = super().forward(input_ids, attention_mask, position_ids, output_hidden_states=output_hidden_states,
-                              output_attentions=output_attentions)
-        logits = self.logits(self.classifier(self.dropout(out.last_hidden_state)))
-        loss = cross_entropy(logits, labels) if labels is not None else None
-        return TokenClassifierOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
-                                     attentions=out.attentions)
+class GPT2ForTokenClassification(TokenClassification, GPT2Model):
+    """A class for every token (decoder_heads.TokenClassification)."""
 
 
-class GPT2ForQuestionAnswering(GPT2Model):
-    """Extractive question answering: scores for each token as the first and as the last of the answer span."""
-
-    checkpoint_prefixed = True
-
-    def __init__(self, config: GPT2Config):
-        super().__init__(config)
-        self.qa_outputs = nn.Linear(config.n_embd, 2)
-        self.span_logits = HookPoint("b, s, 2", "qa_outputs: each token's start and end scores side by side")
-        self.start_logits = HookPoint("b, s", "each token's score as the first of the answer")
-        self.end_logits = HookPoint("b, s", "each token's score as the last of the answer")
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
-                output_attentions: bool = False, start_positions=None,
-                end_positions=None) -> QuestionAnsweringModelOutput:
-        """As GPT2Model.forward, without a KV cache (as in transformers). `start_positions`, `end_positions` [b]:
-        the answer's first and last token; the loss is the mean of their two cross-entropies (losses.span_loss: a
-        position past the sequence, an answer cut off by truncation, is not scored; a negative one is refused).
-        """
-        if (start_positions is None) != (end_positions is None):
-            raise ValueError("give both start_positions and end_positions (the loss needs both ends of the answer), "
-                             "or neither")
-        out = super().forward(input_ids, attention_mask, position_ids, output_hidden_states=output_hidden_states,
-                              output_attentions=output_attentions)
-        start, end = self.span_logits(self.qa_outputs(out.last_hidden_state)).unbind(-1)
-        start_logits, end_logits = self.start_logits(start.contiguous()), self.end_logits(end.contiguous())
-        loss = span_loss(start_logits, end_logits, start_positions, end_positions) if start_positions is not None \
-            else None
-        return QuestionAnsweringModelOutput(start_logits=start_logits, end_logits=end_logits, loss=loss,
-                                            hidden_states=out.hidden_states, attentions=out.attentions)
+class GPT2ForQuestionAnswering(QuestionAnswering, GPT2Model):
+    """Extractive question answering (decoder_heads.QuestionAnswering)."""
 
 
 class GPT2SequenceSummary(nn.Module):

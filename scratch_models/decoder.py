@@ -1,0 +1,166 @@
+"""What the decoder-only families (GPT-2, GPT-NeoX) share: a causal stack of blocks over a KV cache, and the LM head.
+
+    x = embeddings(input_ids, position_ids)          # the family's: GPT-2 adds wpe, GPT-NeoX rotates q and k later
+    for each block:  x, probs = block(x, step)       # step: what every block reads of this forward pass
+    final = LN(x);   logits = final @ Wᵀ             # W: the token embeddings when tied, else the LM head's own
+
+A family's base model subclasses `CausalDecoder` and builds `embeddings`, `layers`, `norm_f` and the `ln_f` hook
+point; `positional(x, position_ids)` gives what its blocks need of the positions beyond the embeddings (GPT-NeoX's
+rotary angles; GPT-2: nothing). Its LM class is `CausalLM` over that base model.
+
+Shapes: b batch, s new tokens, p tokens already in the KV cache, h hidden, V vocabulary.
+"""
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Mask, causal_mask, nothing_padded
+from .generation import GenerationMixin, KVCache
+from .hook_point import HookPoint
+from .inputs import check_ids, check_mask
+from .outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from .pretrained import PretrainedModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What every block of one forward pass reads besides its input, built once by CausalDecoder.forward."""
+
+    mask: Mask | None  # the keys each query may see; None: causality alone (the fused kernel applies it itself)
+    causal: bool  # no mask, a fresh sequence: the fused kernel applies causality
+    cache: KVCache | None  # the keys and values of the tokens before these, extended by each block
+    need_probs: bool  # output_attentions: the explicit attention path, returning the probabilities
+    positional: object = None  # the family's own (CausalDecoder.positional), e.g. GPT-NeoX's rotary (cos, sin)
+
+
+class CausalDecoder(PretrainedModel):
+    """A causal stack of blocks, run on new tokens after the ones a KV cache holds."""
+
+    def positional(self, x: torch.Tensor, position_ids: torch.Tensor):
+        """What the blocks need of the positions beyond the embeddings (Step.positional): nothing by default."""
+        return None
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
+                use_cache: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> BaseModelOutputWithPast:
+        """input_ids [b, s]: the new tokens; attention_mask [b, p + s] 1 keep / 0 pad, covering the cached tokens
+        too; position_ids [b, s] or [1, s] (default p .. p+s-1, as in transformers' forward: a left-padded row
+        wants its own, see `generate`); past_key_values: a KVCache to attend to and extend, or None (then
+        `use_cache=True` starts one). The cache in use is returned as `past_key_values`.
+
+        A query that may see no key (its row of attention_mask all 0 up to it, e.g. left padding) is legal: its
+        attention weights and context are 0, as transformers' default SDPA attention computes (its eager path
+        spreads them evenly). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
+        naming them; a bad call leaves the cache as it was."""
+        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
+        batch, seq = input_ids.shape
+        cache = self._cache(past_key_values, use_cache, batch)
+        past = cache.length if cache is not None else 0
+        limit, field = self.table_size("position_ids")
+        if position_ids is None:
+            if past + seq > limit:
+                raise ValueError(f"{past} cached and {seq} new tokens need positions up to {past + seq - 1}; "
+                                 f"this model has {field}={limit}, so at most {limit} tokens fit, cached ones "
+                                 "included")
+            position_ids = torch.arange(past, past + seq, device=input_ids.device)[None, :]
+        check_ids("position_ids", position_ids, limit, field, shapes=((batch, seq), (1, seq)))
+        check_mask("attention_mask", attention_mask, (batch, past + seq))
+
+        x = self.embeddings(input_ids, position_ids)
+        if attention_mask is not None and nothing_padded(attention_mask):
+            attention_mask = None
+        # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
+        # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
+        causal = attention_mask is None and past == 0
+        step = Step(mask=None if causal else causal_mask(attention_mask, seq, past, x.device), causal=causal,
+                    cache=cache, need_probs=output_attentions, positional=self.positional(x, position_ids))
+        hidden_states, attentions = ([x] if output_hidden_states else None), []  # kept only when asked
+        for layer in self.layers:
+            x, probs = layer(x, step)
+            if output_hidden_states:
+                hidden_states.append(x)
+            attentions.append(probs)
+        if cache is not None:
+            cache.advance(seq)
+        x = self.ln_f(self.norm_f(x))
+        if output_hidden_states:
+            hidden_states[-1] = x  # transformers' convention: the last hidden state is the one after the final LN
+        return BaseModelOutputWithPast(
+            last_hidden_state=x,
+            past_key_values=cache,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+    def _cache(self, past_key_values, use_cache: bool, batch: int) -> KVCache | None:
+        """The cache this call extends: the one given (checked against the model and the batch), a new one with
+        `use_cache`, or None."""
+        if past_key_values is None:
+            return KVCache(len(self.layers)) if use_cache else None
+        if not isinstance(past_key_values, KVCache):
+            raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
+                             f"got {type(past_key_values).__name__}")
+        if len(past_key_values.keys) != len(self.layers):
+            raise ValueError(f"past_key_values holds {len(past_key_values.keys)} layers, and this model has "
+                             f"{len(self.layers)}: a cache belongs to the model that filled it")
+        if past_key_values.batch_size not in (None, batch):
+            raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds "
+                             f"{past_key_values.batch_size} rows")
+        return past_key_values
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding table (transformers' name)."""
+        raise NotImplementedError
+
+    @property
+    def output_embeddings(self) -> torch.Tensor:
+        """[V, h] the matrix an LM head scores against: the token embeddings, to which the LM head is tied, or the
+        head's own `lm_head` when config.tie_word_embeddings is false."""
+        return self.get_input_embeddings().weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+
+def untied_lm_head(config) -> nn.Linear | None:
+    """An LM head's own matrix (transformers' `lm_head`) when config.tie_word_embeddings is false, else None."""
+    return None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+
+class CausalLM(GenerationMixin):
+    """The language-model head over a CausalDecoder (GPT2LMHeadModel, GPTNeoXForCausalLM): scores over the
+    vocabulary for the token after each position. Mixed in before the family's base model."""
+
+    checkpoint_prefixed = True
+    tied_output_layer = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.lm_head = untied_lm_head(config)
+        self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
+                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
+                labels=None, logits_to_keep: int = 0) -> CausalLMOutputWithPast:
+        """As the base model's forward; `labels` [b, s] (-100 = not scored, usually input_ids) adds the
+        cross-entropy loss of predicting labels[:, t + 1] from position t. `logits_to_keep`: compute the logits of
+        the last that many positions only (0: all), as in transformers; decoding needs just the last one."""
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be an int >= 0, got {logits_to_keep!r}")
+        if labels is not None and logits_to_keep:
+            raise ValueError("labels need the logits of every position: leave logits_to_keep=0")
+        if labels is not None:  # checked before the forward pass, which would already have extended a cache
+            check_ids("input_ids", input_ids, *self.table_size("input_ids"))
+            check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
+                      ignore=-100)
+        out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
+        logits = self.logits(F.linear(hidden, self.output_embeddings))
+        loss = None
+        if labels is not None:
+            # in fp32, as transformers computes it; the last position has no next token to score
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                   labels[:, 1:].reshape(-1), ignore_index=-100)
+        return CausalLMOutputWithPast(logits=logits, loss=loss, past_key_values=out.past_key_values,
+                                      hidden_states=out.hidden_states, attentions=out.attentions)
