@@ -111,10 +111,6 @@ class CausalDecoder(PretrainedModel):
                              f"{past_key_values.batch_size} rows")
         return past_key_values
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding table (transformers' name)."""
-        raise NotImplementedError
-
     @property
     def output_embeddings(self) -> torch.Tensor:
         """[V, h] the matrix an LM head scores against: the token embeddings, to which the LM head is tied, or the

@@ -140,7 +140,9 @@ class Family:
     targets: dict[str, str]
     default_texts: tuple[str, ...]  # what the parity report runs when given no text
     default_pairs: tuple[str, ...] = ()  # second segments of default_texts, for a family with token types
-    # a small config (one layer) of the family: docs read the structure of models built from it, tests vary it
+    # a small odd config of the family (2 layers, 3 heads of 16, an MLP width of 37, a vocabulary of 37 whose last
+    # id is the end of text where the family has one): the tests build and vary every family from it, docs read the
+    # structure of models built from it
     tiny_config: dict = dataclasses.field(default_factory=dict)
     summary: str = ""  # how the family's residual stream reads, for docs/hook_names.md
     # hook name ("{i}" for the layer) -> the transformers output field that holds the same tensor (tested)

@@ -39,6 +39,10 @@ class PretrainedModel(HookedModel):
     # each forward argument that indexes a table of the model -> the config field holding that table's size
     table_indices: dict[str, str] = {}
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding table (transformers' name for it)."""
+        raise NotImplementedError
+
     def table_size(self, argument: str) -> tuple[int, str]:
         """(size, config field) of the table `argument` indexes: what its ids are checked against."""
         field = self.table_indices[argument]

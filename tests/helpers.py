@@ -1,16 +1,81 @@
-"""Shared test helpers: random weights that make numeric slips show, checkpoint writers, parity asserts."""
+"""Shared test helpers: every registered family's reference models and inputs, random weights that make numeric
+slips show, checkpoint writers, parity asserts, devices.
 
+A test that should hold for every family takes `family` from `each_family` and builds what it needs from the
+family's declaration (scratch_models.families): our classes, transformers' classes of the same names, and the
+family's tiny config. A family registered later is then tested by it with no edit here.
+"""
+
+import dataclasses
 import json
 import os
 import socket
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from safetensors.torch import save_file
+from torch import nn
+
+from scratch_models.families import FAMILIES
 
 ATOL = RTOL = 1e-5  # the project's fp32 parity bound: |ours - ref| <= 1e-5 + 1e-5 * |ref|
 LOGITS_ATOL = 1e-4
+
+each_family = pytest.mark.parametrize("family", list(FAMILIES))
+# CPU always; CUDA where there is one, so a GPU machine runs every test marked with it on both
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="no CUDA device on this machine"))]
+each_device = pytest.mark.parametrize("device", DEVICES)
+
+
+def no_dropout(family: str) -> dict:
+    """Config changes that switch off every dropout of `family`'s config (its float fields named *drop*)."""
+    config_class = FAMILIES[family].config_class
+    return {f.name: 0.0 for f in dataclasses.fields(config_class) if "drop" in f.name and "float" in str(f.type)}
+
+
+def reference(family: str, class_name: str | None = None, *, attention: str = "eager", std: float | None = 0.3,
+              seed: int = 0, **changes):
+    """transformers' class `class_name` (default: the family's LM) built from the family's tiny config with
+    `changes`, in eval mode, with `attention` ("eager" returns probabilities, "sdpa" is transformers' default);
+    weights redrawn with `std` (None: as initialised)."""
+    declared = FAMILIES[family]
+    import transformers
+
+    config = getattr(transformers, declared.config_class.__name__)(**declared.tiny(**changes).to_dict())
+    torch.manual_seed(seed)
+    model = getattr(transformers, class_name or declared.lm.__name__)._from_config(config,
+                                                                                 attn_implementation=attention)
+    return (randomize_(model, std, seed) if std else model).eval()
+
+
+def save(model, directory: Path, layout: str = "transformers") -> Path:
+    """Write a transformers `model` into `directory`: "transformers" as its save_pretrained writes it, or its full
+    state dict (tied tensors included) as one "safetensors" or "bin" file, or as three "sharded" safetensors."""
+    if layout == "transformers":
+        model.save_pretrained(directory)
+        return directory
+    model.config.save_pretrained(directory)
+    write_weights(model.state_dict(), directory, "bin" if layout == "bin" else "safetensors",
+                  shards=3 if layout == "sharded" else 1)
+    return directory
+
+
+def padded_batch(family: str, seq: int = 11, seed: int = 1, vocab: int | None = None) -> dict:
+    """Four rows of `seq` tokens: full, left-padded, right-padded, and one that is all padding; token types where
+    the family reads them (pairs). Real ids avoid the vocabulary's last id, the family's end of text."""
+    declared = FAMILIES[family]
+    vocab = vocab or declared.tiny().vocab_size
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(vocab - 1, (4, seq), generator=g)
+    mask = torch.ones(4, seq, dtype=torch.long)
+    mask[1, :4], mask[2, seq - 3:], mask[3] = 0, 0, 0
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if declared.pairs:
+        inputs["token_type_ids"] = torch.randint(declared.tiny().type_vocab_size, (4, seq), generator=g)
+    return inputs
 
 
 def assert_parity(ours: torch.Tensor, ref: torch.Tensor, what: str, atol: float = ATOL, rtol: float = RTOL):
@@ -25,21 +90,20 @@ def assert_parity(ours: torch.Tensor, ref: torch.Tensor, what: str, atol: float 
 
 
 def sighted(family: str, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[b, s] True where the query sees a key. Elsewhere (left padding in GPT-2, an all-zero row in BERT) our
-    attention and transformers' SDPA give 0 and transformers' eager an even spread: compare with eager here only."""
-    from scratch_models.families import FAMILIES
-
+    """[b, s] True where the query sees a key. Elsewhere (left padding in a causal model, an all-zero row in BERT)
+    our attention and transformers' SDPA give 0 and transformers' eager an even spread: compare with eager here
+    only."""
     return FAMILIES[family].sighted(attention_mask)
 
 
 def randomize_(model: torch.nn.Module, std: float, seed: int = 0) -> torch.nn.Module:
     """Redraw every parameter with a large spread (init's std 0.02 hides slips); LayerNorm scales near 1."""
     generator = torch.Generator().manual_seed(seed)
+    scales = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.LayerNorm)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=generator)
-            p.copy_(1 + 0.2 * noise if name.endswith("LayerNorm.weight") or name.endswith("ln_1.weight")
-                    or name.endswith("ln_2.weight") or name.endswith("ln_f.weight") else std * noise)
+            p.copy_(1 + 0.2 * noise if name in scales else std * noise)
     return model
 
 

@@ -62,8 +62,8 @@ FAMILY = Family(
              "BertForNextSentencePrediction": "class", "BertModel": "pooler"},
     default_texts=("The cat sat on the warm mat.", "Time flies like an arrow."),
     default_pairs=("It purred.", "Fruit flies like a banana, and a banana is ripe in June."),
-    tiny_config=dict(vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-                     max_position_embeddings=8),
+    tiny_config=dict(vocab_size=37, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+                     max_position_embeddings=24, type_vocab_size=3),
     summary="""BERT is post-LN: each sublayer adds to the residual stream and then normalises it. So the residual
 stream between layers is always normalised: `layers.{i}.out` (after the MLP's LayerNorm) is what layer i + 1
 reads and is transformers' `hidden_states[i + 1]`; `embeddings.out` is `hidden_states[0]`. The sums before

@@ -194,6 +194,9 @@ class BertModel(PretrainedModel):
         """The encoder's layers (model.layers[3], as in GPT2Model)."""
         return self.encoder.layers
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
     @classmethod
     def kwargs_for_checkpoint(cls, keys):
         # A checkpoint saved from BertForMaskedLM has no pooler: build none rather than invent one at random.

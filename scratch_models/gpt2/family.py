@@ -28,7 +28,8 @@ FAMILY = Family(
     causal=True,
     targets={"GPT2LMHeadModel": "next", "GPT2ForSequenceClassification": "class"},
     default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
-    tiny_config=dict(vocab_size=10, n_positions=8, n_embd=4, n_layer=1, n_head=2),
+    tiny_config=dict(vocab_size=37, n_positions=24, n_embd=48, n_layer=2, n_head=3, n_inner=37, bos_token_id=36,
+                     eos_token_id=36),
     summary="""GPT-2 is pre-LN: each sublayer reads a normalised copy (`ln_1`, `ln_2`) and adds its output to a
 residual stream that is never normalised in place. The stream is `embeddings.out` before block 0,
 `layers.{i}.resid_mid` between attention and MLP, and `layers.{i}.out` after block i; transformers'

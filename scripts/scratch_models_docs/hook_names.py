@@ -46,7 +46,7 @@ def _hook_rows(models, table) -> list[tuple[str, str, str]]:
 def hook_names_markdown() -> str:
     sections = []
     for family in FAMILIES.values():
-        config = family.tiny()  # one layer, on the meta device: only the structure is read
+        config = family.tiny()  # on the meta device: only the structure is read
         with torch.device("meta"):
             models = [cls(config) for cls in family.classes]
         names = ", ".join(f"`{cls.__name__}`" for cls in family.classes)
@@ -66,7 +66,7 @@ returns a replacement tensor or None. `model.hook_names()` lists them in forward
 `model.hook_docs()` gives the descriptions below. `{i}` is the layer index; an unknown name is an error that
 suggests the closest ones.
 
-Shapes: b batch, s sequence (new tokens for GPT-2), p tokens already in GPT-2's KV cache, h hidden size,
+Shapes: b batch, s sequence (new tokens in a causal model), p tokens already in its KV cache, h hidden size,
 n heads, d = h / n head size, m MLP width, V vocabulary. Hook points cost one attribute test when nobody listens.
 The attention `scores` and `probs` exist only on the explicit attention path: listening to either (or passing
 `output_attentions=True`) switches that call from the fused `scaled_dot_product_attention` to it.

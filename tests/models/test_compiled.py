@@ -8,11 +8,14 @@ Compiling takes seconds even for these tiny models, so the tests are few and eac
 import pytest
 import torch
 
-from helpers import assert_parity, sighted
-from scratch_models import BertForMaskedLM, GPT2LMHeadModel
+from helpers import assert_parity, each_family, sighted
+from scratch_models import BertForMaskedLM
 from scratch_models.compiled import StaticKVCache, compile_model
+from scratch_models.families import FAMILIES
 from scratch_models.generation import KVCache
-from test_edges import OURS, padded, saved  # noqa: F401 (saved: a fixture)
+from test_edges import VOCAB, lm, padded, saved  # noqa: F401 (saved: a fixture)
+
+CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
 
 # Compiled against eager float32: |compiled - eager| <= COMPILED_ATOL + COMPILED_RTOL * |eager|. Inductor fuses
 # and reorders sums, so the last bits differ: worst seen here ~2e-6 (logits of magnitude ~10), and on
@@ -29,14 +32,14 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@each_family
 def test_idle_hook_points_make_one_graph_that_follows_eager_and_transformers(saved, family):
     """No graph break on a batch padded on the left, on the right and all through (fullgraph=True would raise at
     one); the compiled logits follow eager float32 within the stated bound, and transformers wherever a query sees
     a key."""
     directory, reference = saved[family]
-    model = OURS[family].from_pretrained(directory)
-    inputs = padded()
+    model = lm(family).from_pretrained(directory)
+    inputs = padded(family)
     explained = torch._dynamo.explain(model)(**inputs)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     with torch.no_grad():
@@ -74,9 +77,9 @@ def test_a_hook_attached_after_torch_compile_is_seen_not_stale(saved):
 def test_compile_model_runs_a_listening_call_eagerly_and_compiles_nothing_for_it(saved):
     """compile_model's wrapper: a call with any hook point listening is the eager model's call (bitwise) and
     compiles nothing; so is run_with_cache with hooks of its own; idle calls run the compiled graph."""
-    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"][0])
+    model = lm("gpt2").from_pretrained(saved["gpt2"][0])
     fast = compile_model(model)
-    inputs = padded()
+    inputs = padded("gpt2")
     with torch.no_grad():
         idle = fast(**inputs).logits
         frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -106,15 +109,15 @@ def graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@each_family
 def test_compiled_run_with_cache_follows_eager_and_compiles_once_per_set_of_names(saved, family):
     """run_with_cache asked only to cache runs one compiled graph per set of names (no graph break: the wrapper
     compiles with fullgraph=True): the same names in the same order as eager, each tensor within the compiled bound
     of eager's, on a batch padded left, right and all through; a subset, and an opt-in point, each compile once
     more; afterwards no hook point listens and an idle call is the idle graph's."""
-    model = OURS[family].from_pretrained(saved[family][0])
+    model = lm(family).from_pretrained(saved[family][0])
     fast = compile_model(model, freeze=True)
-    inputs = padded()
+    inputs = padded(family)
     with torch.no_grad():
         idle = fast(**inputs).logits
         before = graphs()
@@ -145,7 +148,7 @@ def test_compiled_run_with_cache_leaves_no_hook_behind_and_falls_back_to_eager_f
     """An unknown name and a forward pass that raises both leave every hook point idle, and a refused input raises
     the model's own ValueError through the wrapper; incl_bwd (gradients) runs the eager run_with_cache, bitwise,
     and so does metric without incl_bwd's error."""
-    model = OURS["bert"].from_pretrained(saved["bert"][0])
+    model = lm("bert").from_pretrained(saved["bert"][0])
     fast = compile_model(model)
     inputs = padded()
     with pytest.raises(ValueError, match="unknown hook point 'layers.0.mlp.outt'"):
@@ -168,17 +171,17 @@ def test_compiled_run_with_cache_leaves_no_hook_behind_and_falls_back_to_eager_f
         fast.run_with_cache(**inputs, metric=metric)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@each_family
 def test_compile_model_refuses_bad_values_with_the_models_own_error(saved, family):
     """An id past the vocabulary, a position past the table, an additive mask: a compiled graph cannot check values,
     and a parallel CPU kernel that indexes out of bounds aborts the process (pytorch/pytorch#195402), so the wrapper
     makes the model's checks on values first and raises its ValueError naming the entry, for calls and for
     run_with_cache alike; with gradients on as well as off. Good inputs are unaffected."""
-    model = OURS[family].from_pretrained(saved[family][0])
+    model = lm(family).from_pretrained(saved[family][0])
     fast = compile_model(model)
-    inputs = padded()
+    inputs = padded(family)
     vocab = model.config.vocab_size
-    positions = model.config.max_position_embeddings if family == "bert" else model.config.n_positions
+    positions = getattr(model.config, FAMILIES[family].positions_field)
     bad = {
         rf"input_ids\[2, 5\] = {vocab} is out of range: must be 0 <= id < vocab_size = {vocab}":
             dict(inputs, input_ids=inputs["input_ids"].index_put((torch.tensor(2), torch.tensor(5)),
@@ -224,13 +227,14 @@ def test_frozen_weights_edited_in_place_are_refused_and_unfrozen_ones_are_follow
                               rtol=COMPILED_RTOL)
 
 
-def test_compiled_generate_gives_the_eager_tokens(saved):
+@pytest.mark.parametrize("family", CAUSAL)
+def test_compiled_generate_gives_the_eager_tokens(saved, family):
     """Greedy decoding over the static KV cache, left-padded prompts of three lengths: the tokens of eager
-    generate, which equal transformers' (test_gpt2.py); a longer generation that needs a larger cache too. With a
-    hook listening, generate decodes eagerly and the hook acts."""
-    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"][0])
+    generate, which equal transformers' (test_families.py); a longer generation that needs a larger cache too.
+    With a hook listening, generate decodes eagerly and the hook acts."""
+    model = lm(family).from_pretrained(saved[family][0])
     fast = compile_model(model)
-    ids = torch.randint(1, 53, (3, 6), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(1, VOCAB - 1, (3, 6), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
     mask[1, :3], mask[2, :5] = 0, 0
     for new in (9, 17, 9):  # a cache of 16 columns, of 32, then 16 again: the first graph on new buffers
@@ -270,9 +274,9 @@ def test_a_call_in_another_thread_waits_while_a_compiled_cache_listens(saved):
     turns: the second call waits until the cache is taken, and each gets its own tensors."""
     import threading
 
-    model = GPT2LMHeadModel.from_pretrained(saved["gpt2"][0])
+    model = lm("gpt2").from_pretrained(saved["gpt2"][0])
     fast = compile_model(model)
-    mine = padded()
+    mine = padded("gpt2")
     other = dict(mine, input_ids=mine["input_ids"].flip(1))
     _, expected = fast.run_with_cache(**mine, names=["layers.0.out"])  # compiles both graphs: grad mode is
     other_logits = fast(**other).logits  # per thread, so the threads below run as this one does
@@ -308,7 +312,7 @@ def test_frozen_and_unfrozen_calls_in_two_threads_leave_inductors_freezing_as_it
 
     import torch._inductor.config as inductor
 
-    model = OURS["bert"].from_pretrained(saved["bert"][0])
+    model = lm("bert").from_pretrained(saved["bert"][0])
     frozen, unfrozen = compile_model(model, freeze=True), compile_model(model)
     seen, inside = [], threading.Event()
     release = threading.Event()

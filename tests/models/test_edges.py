@@ -10,69 +10,48 @@ import weakref
 
 import pytest
 import torch
-import transformers
 
-from helpers import LOGITS_ATOL, assert_parity, randomize_
-from scratch_models import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
-
-BERT = dict(vocab_size=53, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
-            max_position_embeddings=24)
-GPT2 = dict(vocab_size=53, n_embd=48, n_layer=2, n_head=3, n_positions=24, bos_token_id=0, eos_token_id=0)
+from helpers import LOGITS_ATOL, assert_parity, each_device, each_family, padded_batch, reference, save
+from scratch_models import BertModel
+from scratch_models.families import FAMILIES
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A random BERT MLM and GPT-2 LM saved by transformers, with their (eager) references."""
+    """Every family's LM, random, saved by transformers, with its (eager) reference."""
     out = {}
-    for family, model_class, config_class, config in (
-            ("bert", transformers.BertForMaskedLM, transformers.BertConfig, BERT),
-            ("gpt2", transformers.GPT2LMHeadModel, transformers.GPT2Config, GPT2)):
-        torch.manual_seed(0)
-        reference = randomize_(model_class._from_config(config_class(**config), attn_implementation="eager"), 0.3)
-        directory = tmp_path_factory.mktemp(family)
-        reference.save_pretrained(directory)
-        out[family] = directory, reference.eval()
+    for family in FAMILIES:
+        theirs = reference(family, attention="eager")
+        out[family] = save(theirs, tmp_path_factory.mktemp(family)), theirs
     return out
 
 
-OURS = {"bert": BertForMaskedLM, "gpt2": GPT2LMHeadModel}
-FAMILIES = pytest.mark.parametrize("family", ["bert", "gpt2"])
-
-
-def padded(seq: int = 9) -> dict:
+def padded(family: str = "bert", seq: int = 9) -> dict:
     """Four rows: full, left-padded, right-padded, all padding."""
-    ids = torch.randint(1, 53, (4, seq), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(4, seq, dtype=torch.long)
-    mask[1, :4], mask[2, seq - 3:], mask[3] = 0, 0, 0
-    return dict(input_ids=ids, attention_mask=mask)
+    return padded_batch(family, seq)
+
+
+def lm(family: str):
+    return FAMILIES[family].lm
 
 
 # ------------------------------------------------------------------------------------------- half precision
 
 
-def push_scores_down_(model, family: str):
-    """Every query at +4, every key at -4 in each dimension: every score is -4 * 4 * sqrt(16) = -64, below -16,
-    where adding float16's most negative number (-65504) overflows to -inf."""
-    with torch.no_grad():
-        for layer in model.layers:
-            attn = layer.attn
-            if family == "bert":
-                for linear, value in ((attn.query, 4.0), (attn.key, -4.0)):
-                    linear.weight.zero_()
-                    linear.bias.fill_(value)
-            else:
-                h = attn.c_attn.weight.shape[0]
-                attn.c_attn.weight[:, :2 * h].zero_()
-                attn.c_attn.bias[:h].fill_(4.0)
-                attn.c_attn.bias[h:2 * h].fill_(-4.0)
+def scores_pushed_down(model) -> list:
+    """Hooks that hold every query at +4 and every key at -4 in each dimension: every score is -4 * 4 * 16 / 4
+    = -64, below -16, where adding float16's most negative number (-65504) overflows to -inf. (Through the
+    tensors, so the weights before them still get their gradient, 0.)"""
+    return [hook for i in range(len(model.layers)) for hook in (
+        (f"layers.{i}.attn.q", lambda t, name: t * 0 + 4), (f"layers.{i}.attn.k", lambda t, name: t * 0 - 4))]
 
 
 def run_pushed(directory, family: str, dtype, explicit: bool, device: str = "cpu"):
     """Forward (hidden states, logits, attentions) and the gradient of every parameter, scores pushed down."""
-    model = OURS[family].from_pretrained(directory, dtype=dtype, device=device)  # eval mode: no dropout
-    push_scores_down_(model, family)
-    out = model(**{k: v.to(device) for k, v in padded().items()}, output_hidden_states=True,
-                output_attentions=explicit)
+    model = lm(family).from_pretrained(directory, dtype=dtype, device=device)  # eval mode: no dropout
+    with model.hooks(scores_pushed_down(model)):
+        out = model(**{k: v.to(device) for k, v in padded(family).items()}, output_hidden_states=True,
+                    output_attentions=explicit)
     out.logits.float().pow(2).mean().backward()
     return out, {name: p.grad for name, p in model.named_parameters()}
 
@@ -83,12 +62,8 @@ def run_pushed(directory, family: str, dtype, explicit: bool, device: str = "cpu
 HALF_EPS = 8
 
 
-DEVICES = pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))])
-
-
-@DEVICES
-@FAMILIES
+@each_device
+@each_family
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(saved, family, dtype, device):
     """Scores far below zero and queries that see no key (left padding, a row of padding): no NaN or inf in any
@@ -117,15 +92,15 @@ def test_half_precision_is_finite_everywhere_and_follows_float32_on_both_paths(s
             assert diff <= HALF_EPS * eps * top_grad, f"{path} gradient of {name}: |diff| {diff:.3e}"
 
 
-@FAMILIES
+@each_family
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_half_precision_follows_float32_where_queries_see_keys(saved, family, dtype):
     """The same model, weights as drawn, in float32 and in half, on the explicit path."""
     directory, _ = saved[family]
-    inputs = padded()
+    inputs = padded(family)
     with torch.no_grad():
-        exact = OURS[family].from_pretrained(directory)(**inputs, output_attentions=True).logits
-        half = OURS[family].from_pretrained(directory, dtype=dtype)(**inputs, output_attentions=True).logits
+        exact = lm(family).from_pretrained(directory)(**inputs, output_attentions=True).logits
+        half = lm(family).from_pretrained(directory, dtype=dtype)(**inputs, output_attentions=True).logits
     scale = float(exact.abs().max())
     assert_parity(half.float(), exact, f"{dtype} logits", atol=HALF_EPS * torch.finfo(dtype).eps * scale, rtol=0)
 
@@ -145,11 +120,14 @@ class Traced(torch.nn.Module):
 
 
 def traceable(saved, family: str) -> Traced:
-    return Traced(OURS[family].from_pretrained(saved[family][0]), "logits").eval()
+    return Traced(lm(family).from_pretrained(saved[family][0]), "logits").eval()
+
+
+VOCAB = FAMILIES["bert"].tiny().vocab_size  # every family's tiny config has this vocabulary
 
 
 def inputs_of(kind: str, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(1, 53, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    ids = torch.randint(1, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(batch, seq, dtype=torch.long)
     if kind == "padded":
         mask[-1, :seq // 2] = 0  # left padding in the last row
@@ -160,7 +138,7 @@ def inputs_of(kind: str, batch: int, seq: int, seed: int) -> tuple[torch.Tensor,
 # The trace warns where the input checks compare shapes with Python (frozen checks, not math), and that
 # torch.jit.trace is deprecated.
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
-@FAMILIES
+@each_family
 @pytest.mark.parametrize("example", ["unpadded", "padded"])
 def test_jit_trace_equals_eager_on_padded_and_unpadded_inputs(saved, family, example):
     """A trace records the path its example takes; no Python branch on the mask's values may be among them."""
@@ -174,7 +152,7 @@ def test_jit_trace_equals_eager_on_padded_and_unpadded_inputs(saved, family, exa
                               atol=LOGITS_ATOL)
 
 
-@FAMILIES
+@each_family
 @pytest.mark.parametrize("example", ["unpadded", "padded"])
 def test_torch_export_with_dynamic_batch_and_sequence_equals_eager(saved, family, example):
     from torch.export import Dim, export
@@ -198,8 +176,8 @@ def test_traced_model_does_not_check_values_but_eager_does(saved):
     with torch.no_grad():
         traced = torch.jit.trace(model, (ids, mask), check_trace=False)
         traced(ids, mask)
-    with pytest.raises(ValueError, match=r"input_ids\[0, 0\] = 53 is out of range"):
-        model(ids.index_fill(1, torch.tensor([0]), 53), mask)
+    with pytest.raises(ValueError, match=rf"input_ids\[0, 0\] = {VOCAB} is out of range"):
+        model(ids.index_fill(1, torch.tensor([0]), VOCAB), mask)
 
 
 # -------------------------------------------------------------------------------------------------------- hooks
@@ -244,15 +222,14 @@ def test_hooks_that_keep_the_tensor_like_still_chain_and_edit(saved):
     assert not torch.allclose(plain, edited)
 
 
-@FAMILIES
+@each_family
 @pytest.mark.parametrize("output_hidden_states", [False, True])
 def test_layer_outputs_are_kept_through_the_forward_only_when_hidden_states_are_asked_for(family,
                                                                                          output_hidden_states):
     """Keeping every layer's output costs (layers + 1) x b x s x h at the forward's peak: only
     output_hidden_states pays it. Layer 0's output is dropped once layer 1 has read it."""
-    config = dict(BERT if family == "bert" else GPT2, **{"num_hidden_layers" if family == "bert" else "n_layer": 3})
-    config_class = BertConfig if family == "bert" else GPT2Config
-    model = OURS[family](config_class(**config)).eval()
+    declared = FAMILIES[family]
+    model = declared.lm(declared.tiny(**{declared.table.layers_field: 3})).eval()
     first, alive_in_the_last_layer = [], []
 
     def remember(tensor, name):
@@ -262,7 +239,7 @@ def test_layer_outputs_are_kept_through_the_forward_only_when_hidden_states_are_
         alive_in_the_last_layer.append(first[0]() is not None)
 
     with torch.no_grad():
-        out = model.run_with_hooks(**padded(), output_hidden_states=output_hidden_states,
+        out = model.run_with_hooks(**padded(family), output_hidden_states=output_hidden_states,
                                    hooks=[("layers.0.out", remember), ("layers.2.out", check)])
     assert alive_in_the_last_layer == [output_hidden_states]
     assert (out.hidden_states is not None) == output_hidden_states
@@ -304,3 +281,23 @@ def test_loading_leaves_torch_init_working_in_other_threads(saved, monkeypatch):
     # kaiming-uniform with a=sqrt(5): uniform(-1/8, 1/8) for 64 inputs, std 1/(8 sqrt(3)) = 0.072
     assert 0.06 < result["linear std"] < 0.085, result
     assert 0.9 < result["normal_ std"] < 1.1, result
+
+
+# -------------------------------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if family.causal])
+def test_a_kv_cache_of_another_depth_or_batch_is_refused_and_left_as_it_was(family):
+    """A cache filled by a model of 2 layers, fed to one of 3 (it would index past its layers), or given another
+    batch size: a ValueError naming both, and the cache keeps what it held."""
+    declared = FAMILIES[family]
+    shallow, deep = (declared.lm(declared.tiny(**{declared.table.layers_field: n})).eval() for n in (2, 3))
+    ids = padded(family)["input_ids"][:2, :4]
+    with torch.no_grad():
+        cache = shallow(ids, use_cache=True).past_key_values
+        held = [k.clone() for k in cache.keys]
+        with pytest.raises(ValueError, match="past_key_values holds 2 layers, and this model has 3"):
+            deep(ids[:, :1], past_key_values=cache)
+        with pytest.raises(ValueError, match="input_ids has batch size 1, but past_key_values holds 2 rows"):
+            shallow(ids[:1, :1], past_key_values=cache)
+    assert cache.length == 4 and all(torch.equal(k, h) for k, h in zip(cache.keys, held))

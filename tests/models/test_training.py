@@ -8,47 +8,21 @@ every parameter of both models is compared, the tied embedding / output matrix i
 
 import pytest
 import torch
-import transformers
 
-from helpers import ATOL, RTOL, assert_parity, randomize_, write_weights
-from scratch_models import BertForMaskedLM, GPT2LMHeadModel
+from helpers import ATOL, RTOL, assert_parity, each_family, no_dropout, reference, save
+from scratch_models.families import FAMILIES
 from scratch_models_cli.verify import TOLERANCES
-from weight_mapping import BERT, GPT2
 
 # Gradient parity: per parameter, max |ours - theirs| <= GRAD_TOL * max |theirs|. Relative to the parameter's
 # largest gradient rather than elementwise, because each entry is a sum over every token and many cancel to near
 # zero, where an elementwise relative error means nothing. 1e-5 is the forward pass's fp32 bound. Worst seen (CPU
-# fp32, both attention paths, both families, here and on 40 random configs with weight std up to 1.0): 0, the
+# fp32, both attention paths, every family, here and on 40 random configs with weight std up to 1.0): 0, the
 # gradients are bitwise equal. The loss is held to the forward bound (1e-5 + 1e-5*|loss|); worst seen 4.8e-7 (GPT-2).
 GRAD_TOL = 1e-5
 
-NO_DROPOUT = {"bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-              "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)}
-CONFIGS = {
-    "bert": dict(vocab_size=37, hidden_size=21, num_hidden_layers=2, num_attention_heads=3, intermediate_size=11,
-                 max_position_embeddings=13, type_vocab_size=3, hidden_act="gelu"),
-    "gpt2": dict(vocab_size=37, n_positions=13, n_embd=21, n_layer=2, n_head=3, n_inner=11,
-                 activation_function="gelu_new", bos_token_id=36, eos_token_id=36),
-}
-OURS = {"bert": BertForMaskedLM, "gpt2": GPT2LMHeadModel}
-THEIRS = {"bert": (transformers.BertForMaskedLM, transformers.BertConfig),
-          "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2Config)}
-TABLES = {"bert": BERT, "gpt2": GPT2}
-FAMILIES = pytest.mark.parametrize("family", ["bert", "gpt2"])
 
-
-def reference(family: str, attention: str, std: float | None, **changes):
-    """transformers' model for `family` with `attention` ("eager" or "sdpa"), weights redrawn with `std`."""
-    torch.manual_seed(0)
-    model_class, config_class = THEIRS[family]
-    model = model_class._from_config(config_class(**CONFIGS[family], **changes), attn_implementation=attention)
-    return randomize_(model, std) if std else model
-
-
-def save(model, directory, fmt: str = "safetensors"):
-    model.config.save_pretrained(directory)
-    write_weights(model.state_dict(), directory, fmt)
-    return directory
+def lm(family: str):
+    return FAMILIES[family].lm
 
 
 def batch(family: str, seed: int = 1) -> dict:
@@ -56,23 +30,25 @@ def batch(family: str, seed: int = 1) -> dict:
     (every third one for the MLM; for the LM, those whose predecessor, which predicts them, is real too: a
     padding query may see no key at all, and there transformers' SDPA and eager paths disagree)."""
     g = torch.Generator().manual_seed(seed)
-    vocab = CONFIGS[family]["vocab_size"]
+    declared = FAMILIES[family]
+    vocab = declared.tiny().vocab_size
     ids = torch.randint(vocab - 1, (4, 12), generator=g)
     mask = torch.ones(4, 12, dtype=torch.long)
     mask[1, 8:], mask[2, :3], mask[3, 5:7] = 0, 0, 0
     labels = ids.masked_fill(mask == 0, -100)
     inputs = dict(input_ids=ids, attention_mask=mask)
-    if family == "bert":
-        labels[:, torch.arange(12) % 3 != 0] = -100
-        inputs["token_type_ids"] = torch.randint(3, (4, 12), generator=g)
-    else:
+    if declared.pairs:
+        inputs["token_type_ids"] = torch.randint(declared.tiny().type_vocab_size, (4, 12), generator=g)
+    if declared.causal:
         labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
+    else:
+        labels[:, torch.arange(12) % 3 != 0] = -100
     return inputs | dict(labels=labels)
 
 
 def paired_parameters(family: str, ours, theirs) -> dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]]:
     """transformers' parameter name -> (our parameter, theirs), through the mapping table; every one of both."""
-    table = TABLES[family]
+    table = FAMILIES[family].table
     names = table.tensor_names(len(ours.layers))
     our_parameters = dict(ours.named_parameters())
     pairs = {}
@@ -83,7 +59,7 @@ def paired_parameters(family: str, ours, theirs) -> dict[str, tuple[torch.nn.Par
     return pairs
 
 
-@FAMILIES
+@each_family
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention, dtype):
@@ -93,8 +69,8 @@ def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention,
     gradients. Worst seen in half precision: gradients 0 (bitwise equal), the loss 4.8e-7."""
     atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else TOLERANCES[dtype]
     grad_tol = GRAD_TOL if dtype == torch.float32 else rtol
-    theirs = reference(family, attention, std=0.3, **NO_DROPOUT[family]).to(dtype).train()
-    ours = OURS[family].from_pretrained(save(theirs, tmp_path)).train()
+    theirs = reference(family, attention=attention, **no_dropout(family)).to(dtype).train()
+    ours = lm(family).from_pretrained(save(theirs, tmp_path, "safetensors")).train()
     assert {p.dtype for p in ours.parameters()} == {dtype}
     inputs = batch(family)
     explicit = attention == "eager"
@@ -117,34 +93,35 @@ def usual_batch(family: str, seed: int = 2) -> dict:
     """Labels as a data collator makes them: every real token (MLM: every third), padding -100. Rows: full,
     left-padded, right-padded, and all padding (BERT) or one pad on the left (GPT-2). So GPT-2 scores the first
     real token of a left-padded row from a padding query that sees no key, and BERT holds a row where no query
-    sees any key."""
+    sees any key. (Causal: GPT-2 and its kind; masked: BERT.)"""
     inputs = batch(family, seed)
+    causal = FAMILIES[family].causal
     mask = torch.ones(4, 12, dtype=torch.long)
     mask[1, :4], mask[2, 9:] = 0, 0
-    if family == "bert":
-        mask[3] = 0
-    else:
+    if causal:
         mask[3, :1] = 0
+    else:
+        mask[3] = 0
     labels = inputs["input_ids"].masked_fill(mask == 0, -100)
-    if family == "bert":
+    if not causal:
         labels[:, torch.arange(12) % 3 != 0] = -100
     return inputs | dict(attention_mask=mask, labels=labels)
 
 
-@FAMILIES
+@each_family
 def test_padded_batch_loss_and_gradients_agree_on_both_paths_and_with_transformers_sdpa(tmp_path, family):
     """Queries that see no key get 0 on both of our paths, as in transformers' default SDPA attention, and the
     fused kernel is never handed such a row (its backward gets them wrong): loss and every gradient of the fused
     path, the explicit path and transformers' SDPA path agree. (transformers' eager path spreads such a query
     evenly, so its loss differs on this batch.)"""
-    theirs = reference(family, "sdpa", std=0.3, **NO_DROPOUT[family]).train()
-    directory = save(theirs, tmp_path)
+    theirs = reference(family, attention="sdpa", **no_dropout(family)).train()
+    directory = save(theirs, tmp_path, "safetensors")
     inputs = usual_batch(family)
     ref_loss = theirs(**inputs).loss
     ref_loss.backward()
     for explicit in (False, True):
         path = "explicit" if explicit else "fused"
-        ours = OURS[family].from_pretrained(directory).train()
+        ours = lm(family).from_pretrained(directory).train()
         loss = ours(**inputs, output_attentions=explicit).loss
         assert_parity(loss.detach(), ref_loss.detach(), f"loss, {path} path", atol=ATOL, rtol=RTOL)
         loss.backward()
@@ -158,10 +135,12 @@ def test_padded_batch_loss_and_gradients_agree_on_both_paths_and_with_transforme
             assert diff <= GRAD_TOL * scale, f"{path} {name}: gradient |diff| {diff:.3e} > {GRAD_TOL:.0e} * {scale:.3e}"
 
 
-@FAMILIES
+@each_family
 def test_training_with_dropout_lowers_the_loss(tmp_path, family):
-    """Dropout on (the config's 0.1 everywhere): two passes differ, and 40 Adam steps memorise a tiny batch."""
-    model = OURS[family].from_pretrained(save(reference(family, "sdpa", std=None), tmp_path)).train()
+    """Dropout on (0.1 everywhere): two passes differ, and 40 Adam steps memorise a tiny batch."""
+    dropout = {name: 0.1 for name in no_dropout(family)}
+    model = lm(family).from_pretrained(save(reference(family, attention="sdpa", std=None, **dropout), tmp_path,
+                                            "safetensors")).train()
     inputs = batch(family)
     torch.manual_seed(0)
     assert not torch.equal(model(**inputs).logits, model(**inputs).logits), "dropout is not active"
@@ -180,17 +159,17 @@ def test_training_with_dropout_lowers_the_loss(tmp_path, family):
         assert torch.equal(model(**inputs).logits, model(**inputs).logits)
 
 
-@FAMILIES
+@each_family
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])
 def test_loaded_parameters_train_and_freezing_is_honoured(tmp_path, family, fmt):
     """Every loaded parameter requires grad; a frozen one gets no gradient and is not moved; the others move
     in memory while the file they were read from (memory-mapped) stays as it was."""
-    directory = save(reference(family, "sdpa", std=0.3), tmp_path, fmt)
+    directory = save(reference(family, attention="sdpa"), tmp_path, fmt)
     weights = next(directory.glob("*.safetensors" if fmt == "safetensors" else "*.bin"))
     on_disk = weights.read_bytes()
-    model = OURS[family].from_pretrained(directory).train()
+    model = lm(family).from_pretrained(directory).train()
     assert all(p.requires_grad and p.is_leaf for p in model.parameters())
-    frozen = model.embeddings.position_embeddings if family == "bert" else model.embeddings.wpe
+    frozen = model.get_input_embeddings()
     frozen.requires_grad_(False)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)

@@ -1,0 +1,180 @@
+"""The analysis layer on every registered family, built from its declaration alone: the activation cache's
+residual-stream helpers, the per-head results, the logit lens, activation and attribution patching and the heads'
+summaries, each held to an identity that must hold exactly (or within the fp32 bound) whatever the family.
+
+A family registered in scratch_models.families is tested here with no edit; what its stream has or lacks (BERT is
+post-LN; GPT-NeoX's parallel residual has no stream between attention and MLP) is read from its ResidualStream.
+"""
+
+import pytest
+import torch
+
+from helpers import LOGITS_ATOL, assert_parity, each_family, padded_batch, reference, save, sighted
+from scratch_models.analysis.heads import AttentionSummary
+from scratch_models.analysis.metrics import LogitDiff, last_positions
+from scratch_models.analysis.patching import (Patch, activation_patching, get_act_patch_resid_mid, hook_name,
+                                              run_patches)
+from scratch_models.families import FAMILIES
+from test_heads import reference_summary
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """family -> (transformers' LM with eager attention, ours loaded from its save)."""
+    out = {}
+    for family in FAMILIES:
+        theirs = reference(family, attention="eager")
+        out[family] = theirs, FAMILIES[family].lm.from_pretrained(save(theirs, tmp_path_factory.mktemp(family)))
+    return out
+
+
+def stream_of(model):
+    return model.family.stream(model)
+
+
+@each_family
+@pytest.mark.parametrize("explicit", [False, True], ids=["fused", "explicit"])
+def test_head_results_sum_to_the_attention_output_and_each_is_its_heads_share(loaded, family, explicit):
+    """attn.proj less the heads' results is the same vector everywhere (the projection's bias, or 0), and zeroing
+    one head's context takes exactly its result out of attn.proj."""
+    _, model = loaded[family]
+    inputs = padded_batch(family) | {"output_attentions": explicit}
+    names = [f"layers.{i}.attn.{point}" for i in range(len(model.layers)) for point in ("result", "proj")]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**inputs, names=names)
+        _, ablated = model.run_with_cache(**inputs, names=names, hooks=[
+            ("layers.0.attn.context", lambda t, name: t.index_fill(1, torch.tensor([1]), 0.0))])
+    for i in range(len(model.layers)):
+        rest = cache[f"layers.{i}.attn.proj"] - cache[f"layers.{i}.attn.result"].sum(-2)
+        assert_parity(rest, rest[:1, :1].expand_as(rest), f"{family} layer {i}: attn.proj less the heads' sum")
+    assert_parity(ablated["layers.0.attn.proj"], cache["layers.0.attn.proj"] - cache["layers.0.attn.result"][:, :, 1],
+                  f"{family}: attn.proj with head 1 zeroed")
+
+
+@each_family
+def test_accumulated_resid_is_transformers_hidden_states(loaded, family):
+    theirs, model = loaded[family]
+    inputs = padded_batch(family)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**inputs)
+        ref = theirs(**inputs, output_hidden_states=True)
+    stack, labels = cache.accumulated_resid(return_labels=True)
+    n = len(model.layers)
+    assert labels == [f"{l}_pre" for l in range(n)] + ["final_post"]
+    seen = sighted(family, inputs["attention_mask"])
+    for i in range(n):
+        assert_parity(stack[i][seen], ref.hidden_states[i][seen], f"{family} hidden_states[{i}]")
+    last = cache.accumulated_resid(apply_ln=True)[-1] if not stream_of(model).post_ln else stack[-1]
+    assert_parity(last[seen], ref.hidden_states[-1][seen], f"{family} hidden_states[-1]")
+
+
+@each_family
+def test_every_decomposition_sums_to_its_stream(loaded, family):
+    """decompose_resid(layer, mlp_input) sums to the stream its LayerNorm reads, for every layer and both inputs
+    the family has; resid_mid is refused, naming why, where no stream runs between attention and MLP."""
+    _, model = loaded[family]
+    stream = stream_of(model)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**padded_batch(family))
+    for layer in range(stream.n_layers + 1):
+        for mlp_input in (False, True) if layer < stream.n_layers else (False,):
+            parts, total, _ = stream.decomposition(layer, mlp_input)
+            summed = cache.decompose_resid(layer, mlp_input=mlp_input).sum(0)
+            assert_parity(summed, cache[total], f"{family} layer {layer}, mlp_input={mlp_input}: parts {parts}")
+    if stream.has_mid:
+        assert stream.resid_mid(0) in cache
+        assert cache.accumulated_resid(1, incl_mid=True, return_labels=True)[1] == ["0_pre", "0_mid", "1_pre"]
+    else:
+        with pytest.raises(ValueError, match="no resid_mid"):
+            cache.accumulated_resid(1, incl_mid=True)
+        with pytest.raises(ValueError, match="no resid_mid"):
+            get_act_patch_resid_mid(model, padded_batch(family), cache, lambda out: out.logits[:, 0, 0])
+
+
+@each_family
+def test_logit_lens_at_the_last_layer_is_the_models_logits(loaded, family):
+    theirs, model = loaded[family]
+    inputs = padded_batch(family)
+    with torch.no_grad():
+        out, cache = model.run_with_cache(**inputs)
+        ref = theirs(**inputs).logits
+    lens = cache.logit_lens()
+    assert lens.shape == (len(model.layers) + 1, *out.logits.shape)
+    assert_parity(lens[-1], out.logits, f"{family} lens at the last layer", atol=LOGITS_ATOL)
+    seen = sighted(family, inputs["attention_mask"])
+    assert_parity(lens[-1][seen], ref[seen], f"{family} lens against transformers' logits", atol=LOGITS_ATOL)
+
+
+@each_family
+def test_direct_logit_attribution_sums_to_the_logit_or_is_refused(loaded, family):
+    """Pre-LN: the parts of the final stream, through ln_f frozen at the stream and the unembedding, plus ln_f's
+    bias read out, sum to the logit. Post-LN (BERT): refused, as its head is not linear in the stream."""
+    _, model = loaded[family]
+    inputs = padded_batch(family)
+    with torch.no_grad():
+        out, cache = model.run_with_cache(**inputs)
+    stream = stream_of(model)
+    if stream.post_ln:
+        with pytest.raises(ValueError, match="not linear"):
+            cache.logit_attrs(cache.decompose_resid(), tokens=3)
+        return
+    parts = cache.decompose_resid(pos_slice=-1)  # before any LayerNorm: logit_attrs freezes ln_f at the stream
+    attrs = cache.logit_attrs(parts, tokens=3, pos_slice=-1)
+    bias = model.norm_f.bias @ stream.unembedding()[3]
+    assert_parity(attrs.sum(0) + bias, out.logits[:, -1, 3], f"{family} logit attribution", atol=LOGITS_ATOL)
+
+
+@each_family
+def test_patching_everything_is_the_clean_run_and_nothing_the_corrupted_one(loaded, family):
+    _, model = loaded[family]
+    clean, corrupted = padded_batch(family, seed=1), padded_batch(family, seed=2)
+    corrupted["attention_mask"] = clean["attention_mask"]
+    names = [hook_name(model, "resid_pre", layer) for layer in range(len(model.layers))]
+    names.append(f"layers.{len(model.layers) - 1}.out")
+    with torch.no_grad():
+        clean_output, clean_cache = model.run_with_cache(**clean, names=names)
+        corrupted_logits = model(**corrupted).logits.flatten(1)
+    patches = ([Patch(name, torch.ones(1, dtype=torch.bool)) for name in names]
+               + [Patch(name, torch.zeros(1, dtype=torch.bool)) for name in names])
+    values = run_patches(model, corrupted, patches, clean_cache, lambda out: out.logits.flatten(1),
+                         vector_metric=True)
+    for i, name in enumerate(names):
+        assert_parity(values[i], clean_output.logits.flatten(1), f"{family}: {name} patched")
+        assert_parity(values[len(names) + i], corrupted_logits, f"{family}: nothing patched")
+
+
+@each_family
+def test_activation_patching_runs_every_sweep_the_family_has(loaded, family):
+    _, model = loaded[family]
+    clean, corrupted = padded_batch(family, seed=1), padded_batch(family, seed=2)
+    del clean["attention_mask"], corrupted["attention_mask"]
+    metric = LogitDiff(torch.tensor(3), torch.tensor(5), positions=last_positions(torch.ones(4, 11)))
+    result = activation_patching(model, clean, corrupted, metric)
+    expected = ["resid_pre", "resid_mid", "attn_out", "mlp_out", "attn_head_out_all_pos", "attn_head_out_by_pos"]
+    if not stream_of(model).has_mid:
+        expected.remove("resid_mid")
+    assert list(result.patched) == expected == list(result.attribution)
+    layers, heads = len(model.layers), model.layers[0].attn.num_heads
+    assert result.patched["resid_pre"].shape == (layers, 11)
+    assert result.patched["attn_head_out_all_pos"].shape == (layers, heads)
+    assert result.patched["attn_head_out_by_pos"].shape == (layers, 11, heads)
+    assert result.clean_metric != result.corrupted_metric
+    assert all(bool(values.isfinite().all()) for values in (*result.patched.values(), *result.attribution.values()))
+
+
+@each_family
+def test_attention_summary_from_the_cache_equals_its_own_run(loaded, family):
+    _, model = loaded[family]
+    inputs = padded_batch(family)
+    groups = {"first": torch.zeros(4, 11, dtype=torch.bool)}
+    groups["first"][:, 0] = True
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**inputs)
+    summary = AttentionSummary.from_cache(cache, groups)
+    for layer in range(len(model.layers)):
+        expected = reference_summary(cache[f"layers.{layer}.attn.probs"], inputs["attention_mask"].bool(), groups)
+        for name, values in expected.items():
+            got = summary.entropy[layer] if name == "entropy" else summary.shares[name][layer]
+            assert torch.allclose(got, values, atol=1e-12), (family, layer, name)

@@ -1,0 +1,128 @@
+"""Every command on every registered family, from its declaration alone: a small random LM of the family's tiny
+config with a tokenizer (a byte-level BPE trained on the spot for a causal family, MiniLM's WordPiece for a masked
+one), run through `scratch-models` as a user would. A family registered in scratch_models.families is covered
+here with no edit."""
+
+import json
+
+import pytest
+import transformers
+from PIL import Image
+
+from helpers import reference, save
+from scratch_models.families import FAMILIES
+from scratch_models_cli.cli import main
+from weight_mapping import embedded_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TEXTS = ("The meaning of life is to learn", "Once upon a time there lived a cat")
+CLEAN, CORRUPTED = "The meaning of life is", "The meaning of time is"
+
+
+def bpe_tokenizer(directory):
+    """A byte-level BPE of 300 ids with an end-of-text token, trained on the texts, as GPT-2's and Pythia's are."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([*TEXTS, CLEAN, CORRUPTED] * 5, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+    fast.save_pretrained(directory)
+    return fast
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """family -> a directory holding its LM (random, large weights) and a tokenizer."""
+    out = {}
+    for name, family in FAMILIES.items():
+        directory = tmp_path_factory.mktemp(name)
+        if family.causal:
+            tokenizer = bpe_tokenizer(directory)
+            eos = tokenizer.eos_token_id
+            changes = dict(vocab_size=len(tokenizer), bos_token_id=eos, eos_token_id=eos)
+        else:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(embedded_checkpoint())
+            tokenizer.save_pretrained(directory)
+            changes = dict(vocab_size=tokenizer.vocab_size)
+        changes[family.positions_field] = 64
+        save(reference(name, **changes), directory)
+        out[name] = str(directory)
+    return out
+
+
+def run(capsys, *argv):
+    code = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def each(test):
+    return pytest.mark.parametrize("family", list(FAMILIES))(test)
+
+
+@each
+def test_verify_passes_on_the_texts_and_on_every_compared_row(capsys, checkpoints, family, tmp_path):
+    code, out, err = run(capsys, "verify", checkpoints[family], "--text", TEXTS[0], "--text", TEXTS[1][:20],
+                         "--json", tmp_path / "report.json")
+    assert code == 0, out + err
+    report = json.loads((tmp_path / "report.json").read_text())
+    names = {row["name"] for row in report["rows"]}
+    declared = FAMILIES[family]
+    assert report["passed"] and {"embeddings.out", "layers.1.out", "layers.1.attn.probs"} <= names
+    assert any(note.startswith(f"{declared.lm.__name__}: our fused attention") for note in report["notes"])
+
+
+@each
+def test_inspect_writes_the_page_and_the_pictures(capsys, checkpoints, family, tmp_path):
+    code, out, err = run(capsys, "inspect", checkpoints[family], TEXTS[0], "--out", tmp_path, "--layer", "1",
+                         "--head", "2")
+    assert code == 0, out + err
+    assert {"attention.html", "attention_grid.png", "head_L1_H2.png", "summary.json"} <= {
+        p.name for p in tmp_path.iterdir()}
+    summarized = {row["name"] for row in json.loads((tmp_path / "summary.json").read_text())["tensors"]}
+    assert {"layers.1.attn.probs", "logits"} <= summarized
+    with Image.open(tmp_path / "attention_grid.png") as image:
+        assert image.size[0] > 200 and image.size[1] > 200
+
+
+@each
+def test_lens_reads_every_layer_with_the_models_own_head(capsys, checkpoints, family, tmp_path):
+    text = TEXTS[0] if FAMILIES[family].causal else "the cat [MASK] on the mat."
+    code, out, err = run(capsys, "lens", checkpoints[family], text, "--out", tmp_path)
+    assert code == 0, out + err
+    data = json.loads((tmp_path / "lens.json").read_text())
+    assert [layer["label"] for layer in data["layers"]] == ["0_pre", "1_pre", "final_post"]
+    assert len(data["layers"][0]["top"]) == len(data["tokens"])
+
+
+@each
+def test_heads_and_patch_run_on_the_models_own_target(capsys, checkpoints, family, tmp_path):
+    causal = FAMILIES[family].causal
+    texts = TEXTS if causal else ("the cat [MASK] on the mat.", "a dog [MASK] in the park.")
+    code, out, err = run(capsys, "heads", checkpoints[family], *texts, "--out", tmp_path / "heads")
+    assert code == 0, out + err
+    data = json.loads((tmp_path / "heads" / "heads.json").read_text())
+    assert (data["num_layers"], data["num_heads"]) == (2, 3)
+    clean, corrupted = (CLEAN, CORRUPTED) if causal else ("the cat [MASK] on the mat.", "the dog [MASK] on the mat.")
+    # single tokens in both vocabularies (a random model's own two predictions may well be one token)
+    code, out, err = run(capsys, "patch", checkpoints[family], "--clean", clean, "--corrupted", corrupted,
+                         "--answer", "a", "--wrong", "b", "--out", tmp_path / "patch")
+    assert code == 0, out + err
+    patched = json.loads((tmp_path / "patch" / "patching.json").read_text())["patched"]
+    assert {"resid_pre", "attn_out", "mlp_out", "attn_head_out_by_pos"} <= set(patched)
+
+
+@pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if family.causal])
+def test_generate_continues_the_prompt_as_transformers_does(capsys, checkpoints, family):
+    directory = checkpoints[family]
+    code, out, err = run(capsys, "generate", directory, CLEAN, "--max-new-tokens", "6")
+    assert code == 0, err
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    theirs = getattr(transformers, FAMILIES[family].lm.__name__).from_pretrained(directory).eval()
+    ids = tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    expected = theirs.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    assert out.strip() == tokenizer.decode(expected[0]).strip()
