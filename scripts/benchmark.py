@@ -197,9 +197,9 @@ def roofline(steps: list[Work], dtype: torch.dtype, device: str) -> tuple[float,
 
 def read_in_full(model) -> int:
     """Bytes of the weights a forward pass reads in full: all but the embedding tables, which it only indexes by
-    token and position, and GPT-2's head, which scores the whole vocabulary against wte."""
+    token and position, and a causal LM's head, which scores the whole vocabulary (against wte when tied)."""
     tables = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
-    head = model.output_embeddings.numel() if isinstance(model, GPT2LMHeadModel) else 0
+    head = model.output_embeddings.numel() if hasattr(model, "generate") and model.config.tie_word_embeddings else 0
     return (sum(p.numel() for p in model.parameters()) - tables + head) * _itemsize(model)
 
 

@@ -39,6 +39,9 @@ class MappingTable:
     # The original release's layout, written by save_pretrained(legacy=True):
     legacy_prefixed: bool  # base-model keys carry base_prefix whatever the model class
     legacy_copies: tuple[str, ...]  # aliases stored as a copy of the tensor they are tied to (when the model ties)
+    # another writer's name of a module -> the name the rows use (transformers 5's state dict calls GPT-NeoX's
+    # embed_out lm_head): read either way, written as the rows say
+    renamed: dict = dataclasses.field(default_factory=dict)
 
     def expand(self, num_layers: int) -> list[Row]:
         """The rows with "{i}" filled in for every layer, in table order."""
@@ -77,6 +80,9 @@ class MappingTable:
         """A checkpoint key in the current spelling, without the base-model prefix."""
         if key.startswith(self.base_prefix):
             key = key[len(self.base_prefix):]
+        for other, name in self.renamed.items():
+            if key.startswith(f"{other}."):
+                key = name + key[len(other):]
         module, _, leaf = key.rpartition(".")
         leaf = self.legacy_leaf_names.get(leaf, leaf)
         return f"{module}.{leaf}" if module else leaf
