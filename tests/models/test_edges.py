@@ -301,3 +301,22 @@ def test_a_kv_cache_of_another_depth_or_batch_is_refused_and_left_as_it_was(fami
         with pytest.raises(ValueError, match="input_ids has batch size 1, but past_key_values holds 2 rows"):
             shallow(ids[:1, :1], past_key_values=cache)
     assert cache.length == 4 and all(torch.equal(k, h) for k, h in zip(cache.keys, held))
+
+
+# ------------------------------------------------------------------------------------------------ hook points
+
+
+@each_family
+def test_hook_points_fire_in_the_order_hook_names_lists_them(family):
+    """hook_names() is forward order (the compiled cache and stack() rely on it): every point of every class of the
+    family fires once per forward, in that order."""
+    declared = FAMILIES[family]
+    for cls in declared.classes:
+        if cls.multiple_choice:
+            continue  # [b, c, s] inputs; its base model's points are the base class's
+        model = cls(declared.tiny(pad_token_id=declared.tiny().vocab_size - 1)).eval()
+        fired = []
+        with torch.no_grad():
+            model.run_with_hooks(**padded(family), hooks=[(name, lambda t, name: fired.append(name))
+                                                          for name in model.hook_names()])
+        assert fired == model.hook_names(), cls.__name__  # the opt-in points too: each one listened to
