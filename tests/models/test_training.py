@@ -8,6 +8,7 @@ every parameter of both models is compared, the tied embedding / output matrix i
 
 import pytest
 import torch
+import transformers
 
 from helpers import ATOL, RTOL, assert_parity, each_family, no_dropout, reference, save
 from scratch_models.families import FAMILIES
@@ -66,12 +67,16 @@ def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention,
     """Train mode, dropout off. "sdpa": our fused path against transformers' SDPA; "eager": our explicit path
     (output_attentions) against transformers' eager attention. Half precision against transformers in the same
     dtype on the same machine (CPU here), held to the parity report's tolerance for that dtype, normwise for the
-    gradients. Worst seen in half precision: gradients 0 (bitwise equal), the loss 4.8e-7."""
+    gradients. Both are loaded from the float32 file in that dtype, as a user would: transformers' `.to(dtype)`
+    would also round GPT-NeoX's rotary frequencies (a float buffer) to it, which from_pretrained keeps in float32
+    and we compute in float32. Worst seen in half precision: gradients 0 (bitwise equal), the loss 4.8e-7."""
     atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else TOLERANCES[dtype]
     grad_tol = GRAD_TOL if dtype == torch.float32 else rtol
-    theirs = reference(family, attention=attention, **no_dropout(family)).to(dtype).train()
-    ours = lm(family).from_pretrained(save(theirs, tmp_path, "safetensors")).train()
-    assert {p.dtype for p in ours.parameters()} == {dtype}
+    directory = save(reference(family, attention=attention, **no_dropout(family)), tmp_path, "safetensors")
+    theirs = getattr(transformers, lm(family).__name__).from_pretrained(
+        directory, dtype=dtype, attn_implementation=attention).train()
+    ours = lm(family).from_pretrained(directory, dtype=dtype).train()
+    assert {p.dtype for p in ours.parameters()} == {p.dtype for p in theirs.parameters()} == {dtype}
     inputs = batch(family)
     explicit = attention == "eager"
     ref_loss = theirs(**inputs, output_attentions=explicit).loss
