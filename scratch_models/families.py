@@ -9,7 +9,7 @@ from weight_mapping import CheckpointError
 
 from .family import Family, architectures
 
-FAMILY_PACKAGES = ("bert", "gpt2")
+FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox")
 
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}

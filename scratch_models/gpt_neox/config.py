@@ -1,0 +1,104 @@
+"""GPT-NeoX's config.json fields (the Pythia suite, gpt-neox-20b).
+
+The Pythia files name the rotary embedding's settings `rotary_pct` and `rotary_emb_base`; transformers 5 writes
+them as `rope_parameters` {"partial_rotary_factor", "rope_theta", "rope_type": "default"}. Both are read; they are
+kept, and saved, under the first names, which every transformers version reads.
+"""
+
+import dataclasses
+import reprlib
+
+from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
+                      require_probability)
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTNeoXConfig(ModelConfig):
+    model_type = "gpt_neox"
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 2048
+    # the rotary embedding turns the first rotary_pct of each head's dimensions, by angles position * base^(-2j/n)
+    rotary_pct: float = 0.25
+    rotary_emb_base: float = 10000.0
+    layer_norm_eps: float = 1e-5
+    # attention and MLP both read the layer's input, and both outputs are added to it (every Pythia model); false:
+    # the MLP reads the stream after attention, as in GPT-2
+    use_parallel_residual: bool = True
+    attention_bias: bool = True  # query_key_value and dense have biases
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    bos_token_id: int | None = 0
+    eos_token_id: int | None = 2
+    pad_token_id: int | None = None
+    # untied: the LM head (embed_out) is a matrix of its own, as in every Pythia model
+    tie_word_embeddings: bool = False
+    # task heads, as transformers' PretrainedConfig has them (see BertConfig); classifier_dropout is the token
+    # classifier's (transformers' default 0.1)
+    id2label: dict | None = None
+    problem_type: str | None = None
+    classifier_dropout: float = 0.1
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config") -> "GPTNeoXConfig":
+        """As ModelConfig.from_dict, with transformers 5's `rope_parameters` read into rotary_pct and
+        rotary_emb_base (they win over those fields, as in transformers)."""
+        rope = raw.get("rope_parameters") if isinstance(raw, dict) else None
+        if rope is not None:
+            if not isinstance(rope, dict):
+                raise ConfigError(f"{source}: field 'rope_parameters' should be an object, got {reprlib.repr(rope)}")
+            if rope.get("rope_type", "default") != "default":
+                raise ConfigError(f"{source}: rope_parameters.rope_type={reprlib.repr(rope['rope_type'])} is not "
+                                  "supported: only the default rotary embedding is implemented (no scaling)")
+            renamed = {"partial_rotary_factor": "rotary_pct", "rope_theta": "rotary_emb_base"}
+            raw = raw | {ours: rope[theirs] for theirs, ours in renamed.items() if theirs in rope}
+        return super().from_dict(raw, source)
+
+    @classmethod
+    def fixed_settings(cls) -> dict:
+        return {
+            "rope_scaling": (None, "scaled rotary embeddings (linear, dynamic NTK) are not implemented"),
+            "is_decoder": (False, "GPT-NeoX as the decoder of an encoder is not implemented"),
+        }
+
+    def validate(self, source: str) -> None:
+        require_positive(self, source, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "max_position_embeddings", "rotary_pct", "rotary_emb_base",
+                          "layer_norm_eps")
+        require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
+                            ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
+        require_probability(self, source, "hidden_dropout", "attention_dropout", "classifier_dropout")
+        require_problem_type(self, source)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads}")
+        if self.rotary_pct > 1:
+            raise ConfigError(f"{source}: rotary_pct is {self.rotary_pct}; it is the share of each head's "
+                              "dimensions that rotate, at most 1")
+        if self.rotary_dim % 2:
+            raise ConfigError(f"{source}: the rotary embedding turns pairs of dimensions, and int(head size "
+                              f"{self.head_dim} x rotary_pct {self.rotary_pct}) = {self.rotary_dim} is odd")
+        from ..activations import get_activation
+
+        try:
+            get_activation(self.hidden_act, "hidden_act")
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's dimensions rotate (the first ones), as transformers counts them."""
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def token_classifier_dropout(self) -> float:
+        return self.classifier_dropout

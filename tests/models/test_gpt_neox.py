@@ -1,0 +1,414 @@
+"""GPT-NeoX (Pythia) parity with transformers' GPTNeoX classes: the Pythia file layout (prefix, embed_out, the
+buffers transformers 4.2x saved, rotary_pct / rotary_emb_base) and transformers 5's (rope_parameters), both
+residual layouts, partial and full rotation, biases on and off, tied and untied heads, the task heads, the KV cache
+and generation, half precision; the full pythia-70m config for truth, and the hub's pythia-70m when it is cached.
+
+The tests every family passes (training, edges, compiled, exports, analysis, the command line) run on GPT-NeoX too,
+from its declaration; these are what only GPT-NeoX has.
+"""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from helpers import (ATOL, LOGITS_ATOL, RTOL, assert_parity, each_device, hub_model_available, randomize_, save,
+                     sighted, write_weights)
+from scratch_models import (ConfigError, GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForQuestionAnswering,
+                            GPTNeoXForSequenceClassification, GPTNeoXForTokenClassification, GPTNeoXModel)
+from scratch_models.gpt_neox.model import rotary_angles, rotate
+from scratch_models_cli.verify import TOLERANCES, compare_modules, verify
+from weight_mapping import CheckpointError
+from weight_mapping.gpt_neox import GPT_NEOX
+
+SMALL = dict(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+             max_position_embeddings=40, rotary_pct=0.5, bos_token_id=0, eos_token_id=0)
+# pythia-70m's config.json, as the hub has it (transformers 4.24.0 wrote it)
+PYTHIA_70M = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu",
+              "hidden_size": 512, "initializer_range": 0.02, "intermediate_size": 2048, "layer_norm_eps": 1e-05,
+              "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 8,
+              "num_hidden_layers": 6, "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False,
+              "torch_dtype": "float16", "transformers_version": "4.24.0", "use_cache": True,
+              "use_parallel_residual": True, "vocab_size": 50304}
+# what changes the numbers, away from Pythia's settings
+VARIANTS = {
+    "pythia-like": {},
+    "sequential": dict(use_parallel_residual=False),
+    "full rotation, no biases, tied": dict(rotary_pct=1.0, attention_bias=False, tie_word_embeddings=True,
+                                           hidden_act="gelu_new", layer_norm_eps=1e-3, rotary_emb_base=500.0),
+}
+
+
+def hf(cls=transformers.GPTNeoXForCausalLM, seed: int = 0, std: float = 0.3, **config):
+    """transformers' class with eager attention (it returns probabilities), weights redrawn."""
+    torch.manual_seed(seed)
+    model = cls._from_config(transformers.GPTNeoXConfig(**(SMALL | config)), attn_implementation="eager")
+    return randomize_(model, std, seed).eval()
+
+
+def pythia_state(model) -> dict:
+    """The Pythia files' layout: `gpt_neox.` on the base keys, embed_out, and per layer the causal-mask buffer, the
+    masking constant and the rotary frequencies that transformers 4.2x saved."""
+    state = {key.replace("lm_head.", "embed_out."): tensor for key, tensor in model.state_dict().items()}
+    n, config = model.config.max_position_embeddings, model.config
+    rotary = int(config.hidden_size // config.num_attention_heads * config.rope_parameters["partial_rotary_factor"])
+    for i in range(config.num_hidden_layers):
+        state[f"gpt_neox.layers.{i}.attention.bias"] = torch.ones(n, n, dtype=torch.bool).tril().view(1, 1, n, n)
+        state[f"gpt_neox.layers.{i}.attention.masked_bias"] = torch.tensor(-1e9)
+        state[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = 1.0 / (10000 ** (
+            torch.arange(0, rotary, 2).float() / rotary))
+    return state
+
+
+def pythia_config(model) -> dict:
+    """config.json in Pythia's words: rotary_pct and rotary_emb_base, no rope_parameters."""
+    c = model.config
+    return {k: v for k, v in PYTHIA_70M.items() if k not in SMALL} | {
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers":
+        c.num_hidden_layers, "num_attention_heads": c.num_attention_heads, "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings, "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id, "hidden_act": c.hidden_act, "layer_norm_eps": c.layer_norm_eps,
+        "rotary_pct": c.rope_parameters["partial_rotary_factor"], "rotary_emb_base": c.rope_parameters["rope_theta"],
+        "use_parallel_residual": c.use_parallel_residual, "attention_bias": c.attention_bias,
+        "tie_word_embeddings": c.tie_word_embeddings, "torch_dtype": "float32"}
+
+
+def write_pythia(model, directory, fmt: str = "safetensors", shards: int = 1):
+    state = pythia_state(model)
+    if model.config.tie_word_embeddings:
+        del state["embed_out.weight"]
+    write_weights(state, directory, fmt, shards)
+    (directory / "config.json").write_text(json.dumps(pythia_config(model), indent=2))
+    return directory
+
+
+def padded_inputs(vocab: int, seq: int = 11, seed: int = 1) -> dict:
+    """Three rows: full, left-padded (positions count real tokens, as generate gives them), right-padded."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (3, seq), generator=g)
+    mask = torch.ones(3, seq, dtype=torch.long)
+    mask[1, :4], mask[2, seq - 3:] = 0, 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return dict(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, position_ids=positions)
+
+
+def check_against(reference, directory, inputs: dict) -> dict:
+    """Our GPTNeoXModel and GPTNeoXForCausalLM from `directory` against `reference`: the explicit path against its
+    eager attention where a query sees a key, the fused path against its SDPA attention everywhere, and every pair
+    of modules the mapping table compares."""
+    seen = sighted("gpt_neox", inputs["attention_mask"])
+    with torch.no_grad():
+        ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
+        model = GPTNeoXForCausalLM.from_pretrained(directory)
+        out = model(**inputs, output_hidden_states=True, output_attentions=True)
+        fused = model(**inputs, output_hidden_states=True)
+        base = GPTNeoXModel.from_pretrained(directory)(**inputs, output_hidden_states=True)
+        reference.set_attn_implementation("sdpa")
+        try:
+            ref_fused = reference(**inputs, output_hidden_states=True)
+        finally:
+            reference.set_attn_implementation("eager")
+    layers = reference.config.num_hidden_layers
+    assert len(out.hidden_states) == len(ref.hidden_states) == len(base.hidden_states) == layers + 1
+    worst = {"hidden_states": max(assert_parity(a[seen], b[seen], f"hidden_states[{i}]")
+                                  for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states))),
+             "attentions": max(assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
+                               for i, (a, b) in enumerate(zip(out.attentions, ref.attentions))),
+             "logits": assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)}
+    assert torch.equal(base.last_hidden_state, base.hidden_states[-1])  # after the final LayerNorm, as theirs
+    for path, ours in (("fused", fused), ("GPTNeoXModel fused", base)):
+        worst[f"sdpa hidden_states, {path}"] = max(
+            assert_parity(a, b, f"hidden_states[{i}], our {path} path against SDPA")
+            for i, (a, b) in enumerate(zip(ours.hidden_states, ref_fused.hidden_states)))
+    worst["sdpa logits"] = assert_parity(fused.logits, ref_fused.logits, "logits against SDPA", atol=LOGITS_ATOL)
+    rows = [row for row in GPT_NEOX.compared(layers, with_heads=True) if row.ours in model.hook_names()]
+    compared = compare_modules(GPT_NEOX, model, reference, rows, inputs, prefixed=True, sighted=seen)
+    assert [c.name for c in compared] == [row.ours for row in rows]
+    failed = [f"{c.name}: max |diff| {c.max_abs:.3e}" for c in compared if not c.passed]
+    assert not failed, f"table rows beyond the fp32 bound: {failed}"
+    worst["table rows"] = max(c.max_abs for c in compared)
+    return worst
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("layout", ["pythia safetensors", "pythia bin", "pythia sharded", "transformers 5"])
+def test_checkpoint_layouts_and_variants_match_transformers(tmp_path, variant, layout):
+    reference = hf(**VARIANTS[variant])
+    if layout == "transformers 5":
+        save(reference, tmp_path)
+        assert "rope_parameters" in json.loads((tmp_path / "config.json").read_text())
+    else:
+        fmt = "bin" if layout.endswith("bin") else "safetensors"
+        write_pythia(reference, tmp_path, fmt, shards=3 if layout.endswith("sharded") else 1)
+    worst = check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
+    info = GPTNeoXForCausalLM.from_pretrained(tmp_path).loading_info
+    assert info.prefixed
+    if layout.startswith("pythia"):  # the buffers, each with its reason; nothing else left out
+        assert set(info.ignored) == {f"gpt_neox.layers.{i}.attention.{buffer}" for i in range(2)
+                                     for buffer in ("bias", "masked_bias", "rotary_emb.inv_freq")}
+        assert all(why.startswith("buffer") for why in info.ignored.values())
+    else:
+        assert not info.ignored
+    print(f"{variant}, {layout}: worst |diff| {worst}")
+
+
+def test_base_model_of_a_pythia_checkpoint_leaves_embed_out_out(tmp_path):
+    reference = hf()
+    write_pythia(reference, tmp_path)
+    info = GPTNeoXModel.from_pretrained(tmp_path).loading_info
+    assert info.ignored["embed_out.weight"] == "not part of GPTNeoXModel"
+    untied = GPTNeoXForCausalLM.from_pretrained(tmp_path)
+    assert untied.lm_head is not None and not torch.equal(untied.lm_head.weight, untied.embeddings.embed_in.weight)
+    assert torch.equal(untied.lm_head.weight, reference.lm_head.weight)
+
+
+def test_save_pretrained_round_trips_through_transformers_in_both_layouts(tmp_path):
+    """Ours saved: transformers 5 loads it with nothing missing or unexpected and computes the same; legacy=True
+    writes the Pythia files' names (gpt_neox. and embed_out), which both read back."""
+    reference = hf()
+    model = GPTNeoXForCausalLM.from_pretrained(save(reference, tmp_path / "in"))
+    inputs = padded_inputs(SMALL["vocab_size"])
+    for legacy in (False, True):
+        out = tmp_path / f"out-{legacy}"
+        model.save_pretrained(out, legacy=legacy)
+        theirs, info = transformers.GPTNeoXForCausalLM.from_pretrained(out, output_loading_info=True,
+                                                                       attn_implementation="sdpa")
+        assert not any(info.values()), info
+        from safetensors import safe_open
+
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            keys = set(f.keys())
+        assert "embed_out.weight" in keys and all(k.startswith("gpt_neox.") for k in keys - {"embed_out.weight"})
+        with torch.no_grad():
+            assert_parity(model(**inputs).logits, theirs.eval()(**inputs).logits, "logits", atol=LOGITS_ATOL)
+            back = GPTNeoXForCausalLM.from_pretrained(out)
+        assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
+    config = json.loads((tmp_path / "out-False" / "config.json").read_text())
+    assert (config["rotary_pct"], config["rotary_emb_base"]) == (0.5, 10000.0)
+    assert theirs.config.rope_parameters["partial_rotary_factor"] == 0.5
+
+
+@pytest.mark.slow
+def test_full_pythia_70m_config(tmp_path):
+    """pythia-70m's own config.json and file layout (512 hidden, 6 layers, 8 heads of 64, a quarter of each
+    rotating, vocabulary 50304), random weights at init's scale."""
+    torch.manual_seed(0)
+    config = {k: v for k, v in PYTHIA_70M.items() if k not in ("architectures", "torch_dtype")}
+    reference = transformers.GPTNeoXForCausalLM._from_config(transformers.GPTNeoXConfig(**config),
+                                                             attn_implementation="eager").eval()
+    write_weights(pythia_state(reference), tmp_path, "safetensors", shards=2)
+    (tmp_path / "config.json").write_text(json.dumps(PYTHIA_70M))
+    worst = check_against(reference, tmp_path, padded_inputs(PYTHIA_70M["vocab_size"], seq=19))
+    assert len(GPTNeoXForCausalLM.from_pretrained(tmp_path).loading_info.loaded) == 1 + 6 * 12 + 2 + 1
+    print(f"pythia-70m config: worst |diff| {worst}")
+
+
+@pytest.mark.skipif(not hub_model_available("EleutherAI/pythia-70m"),
+                    reason="EleutherAI/pythia-70m is not in the local Hugging Face cache and huggingface.co is "
+                           "unreachable (no network to the model hub here)")
+def test_hub_pythia_70m():
+    report = verify("EleutherAI/pythia-70m")
+    assert report.passed, report.format()
+    model = GPTNeoXForCausalLM.from_pretrained("EleutherAI/pythia-70m")
+    ids = model.tokenizer("The capital of France is")["input_ids"]
+    reference = transformers.GPTNeoXForCausalLM.from_pretrained("EleutherAI/pythia-70m").eval()
+    with torch.no_grad():
+        theirs = reference.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(model.generate(ids, max_new_tokens=8), theirs)
+
+
+# ------------------------------------------------------------------------------------------- rotary embedding
+
+
+def test_rotation_turns_pairs_and_keeps_lengths_and_relative_angles():
+    """The rotary embedding turns dimension j with j + r/2 (the second half is the pair's other coordinate): the
+    pair's length is kept, the unrotated dimensions pass untouched, and a query-key product depends on the two
+    positions' difference only."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 1, 16, generator=g, dtype=torch.float64).unbind(0)
+    positions = torch.arange(9)[None]
+    cos, sin = rotary_angles(positions, 8, 10000.0, torch.float64)
+    turned_q, turned_k = rotate(q.expand(1, 3, 9, 16), cos, sin), rotate(k.expand(1, 3, 9, 16), cos, sin)
+    assert torch.equal(turned_q[..., 8:], q.expand(1, 3, 9, 16)[..., 8:])
+    pair = turned_q[..., :4].pow(2) + turned_q[..., 4:8].pow(2)
+    assert torch.allclose(pair, (q[..., :4].pow(2) + q[..., 4:8].pow(2)).expand_as(pair))
+    scores = turned_q @ turned_k.transpose(-1, -2)  # [1, 3, 9, 9]
+    for shift in (1, 3):
+        assert torch.allclose(scores[..., shift:, shift:], scores[..., :-shift, :-shift])
+
+
+def test_rotary_angles_are_transformers_bitwise():
+    """The angles as transformers' GPTNeoXRotaryEmbedding computes them, in float32, float16 and bfloat16."""
+    config = transformers.GPTNeoXConfig(**SMALL)
+    theirs = transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding(config)
+    positions = torch.tensor([[0, 1, 2, 39], [5, 0, 17, 30]])
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.zeros(1, dtype=dtype)
+        their_cos, their_sin = theirs(x, positions)
+        cos, sin = rotary_angles(positions, 8, 10000.0, dtype)
+        assert torch.equal(cos, their_cos) and torch.equal(sin, their_sin), dtype
+
+
+def test_casting_with_to_keeps_the_rotary_angles_in_float32(tmp_path):
+    """Our angles come from config.json in float32 at every forward pass, so `.to(bfloat16)` changes the weights
+    only: the model equals itself loaded with dtype=bfloat16, and transformers' from_pretrained(dtype=bfloat16),
+    whose rotary frequencies stay float32. transformers' own `.to(bfloat16)` rounds its inv_freq buffer to bfloat16
+    too, and its logits move: that model is not the one its from_pretrained gives."""
+    directory = save(hf(), tmp_path)
+    inputs = padded_inputs(SMALL["vocab_size"])
+    with torch.no_grad():
+        cast = GPTNeoXForCausalLM.from_pretrained(directory).to(torch.bfloat16)(**inputs).logits
+        loaded = GPTNeoXForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)(**inputs).logits
+        theirs = transformers.GPTNeoXForCausalLM.from_pretrained(directory, dtype=torch.bfloat16,
+                                                                 attn_implementation="sdpa").eval()
+        their_loaded = theirs(**inputs).logits
+        their_cast = transformers.GPTNeoXForCausalLM.from_pretrained(
+            directory, attn_implementation="sdpa").eval().to(torch.bfloat16)(**inputs).logits
+    assert torch.equal(cast, loaded) and torch.equal(loaded, their_loaded)
+    assert theirs.gpt_neox.rotary_emb.inv_freq.dtype == torch.float32
+    assert not torch.equal(their_cast, their_loaded)
+
+
+# ------------------------------------------------------------------------------------------------- task heads
+
+
+HEADS = {GPTNeoXForSequenceClassification: (dict(num_labels=3, pad_token_id=96), ("logits",)),
+         GPTNeoXForTokenClassification: (dict(num_labels=4, classifier_dropout=0.0), ("logits",)),
+         GPTNeoXForQuestionAnswering: ({}, ("start_logits", "end_logits"))}
+
+
+@pytest.mark.parametrize("ours", list(HEADS), ids=lambda cls: cls.__name__)
+def test_task_heads_match_transformers_outputs_and_losses(tmp_path, ours):
+    changes, fields = HEADS[ours]
+    reference = hf(getattr(transformers, ours.__name__), **changes)
+    reference.set_attn_implementation("sdpa")
+    directory = save(reference, tmp_path)
+    model = ours.from_pretrained(directory)
+    assert not model.loading_info.ignored
+    inputs = padded_inputs(SMALL["vocab_size"] - 1)
+    del inputs["position_ids"]
+    inputs["input_ids"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, 96)
+    labels = {GPTNeoXForSequenceClassification: dict(labels=torch.tensor([0, 2, 1])),
+              GPTNeoXForTokenClassification: dict(labels=torch.randint(4, (3, 11)).masked_fill(
+                  inputs["attention_mask"] == 0, -100)),
+              GPTNeoXForQuestionAnswering: dict(start_positions=torch.tensor([1, 5, 2]),
+                                                end_positions=torch.tensor([3, 9, 7]))}[ours]
+    with torch.no_grad():
+        theirs, mine = reference(**inputs, **labels), model(**inputs, **labels)
+    for field in fields:
+        assert_parity(mine[field], theirs[field], field, atol=LOGITS_ATOL)
+    assert_parity(mine.loss, theirs.loss, "loss")
+
+
+# ---------------------------------------------------------------------------------- KV cache and generation
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    reference = hf(bos_token_id=96, eos_token_id=96)
+    return reference, write_pythia(reference, tmp_path_factory.mktemp("pythia-small"))
+
+
+def test_cache_step_by_step_equals_one_forward(small):
+    """Keys are cached turned: each new token's rotation at its own position, the cached ones untouched."""
+    _, directory = small
+    model = GPTNeoXForCausalLM.from_pretrained(directory)
+    inputs = padded_inputs(SMALL["vocab_size"])
+    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
+    with torch.no_grad():
+        full = model(**inputs)
+        first = model(ids[:, :5], attention_mask=mask[:, :5], position_ids=positions[:, :5], use_cache=True)
+        steps = [first]
+        for t in range(5, ids.shape[1]):
+            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=positions[:, t:t + 1],
+                               past_key_values=first.past_key_values))
+    real = mask.bool()
+    assert_parity(torch.cat([s.logits for s in steps], dim=1)[real], full.logits[real], "logits, cached",
+                  atol=LOGITS_ATOL)
+
+
+def test_greedy_generation_matches_transformers_token_for_token(small):
+    """Left-padded prompts of lengths 7, 3, 5 and 1: transformers' generate, token for token."""
+    reference, directory = small
+    model = GPTNeoXForCausalLM.from_pretrained(directory)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 96, (4, 7), generator=g)
+    mask = torch.zeros(4, 7, dtype=torch.long)
+    for row, length in enumerate((7, 3, 5, 1)):
+        mask[row, 7 - length:] = 1
+    ids = ids.masked_fill(mask == 0, 96)
+    reference.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=96,
+                                    eos_token_id=None)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None), theirs)
+    # the last prompt token sits at position 6; the 34th new token is returned but never fed: 34 fit in 40
+    assert model.generate(ids, attention_mask=mask, max_new_tokens=34, eos_token_id=None).shape == (4, 41)
+    with pytest.raises(ValueError, match="reaches position 40; this model has max_position_embeddings=40"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=35)
+
+
+# -------------------------------------------------------------------------------------------- half precision
+
+
+@each_device
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_report_against_transformers_in_the_same_dtype(tmp_path, dtype, device):
+    """The parity report on a padded batch, in half precision against transformers in that dtype: its softmax in
+    float32 on the explicit path, as transformers' eager GPT-NeoX attention takes it."""
+    reference = hf()
+    write_pythia(reference, tmp_path)
+    inputs = padded_inputs(SMALL["vocab_size"])
+    report = verify(str(tmp_path), inputs=inputs, dtype=dtype, device=device)
+    assert report.passed, report.format()
+    atol, rtol = TOLERANCES[getattr(torch, dtype)]
+    assert all((c.atol, c.rtol) == (atol, rtol) for c in report.rows if not c.name.endswith("logits"))
+
+
+def test_float32_report_passes_within_the_bound_on_every_row(tmp_path):
+    reference = hf()
+    write_pythia(reference, tmp_path)
+    report = verify(str(tmp_path), inputs=padded_inputs(SMALL["vocab_size"]))
+    assert report.passed, report.format()
+    names = [c.name for c in report.rows]
+    assert "layers.1.attn.probs" in names and "layers.1.mlp.pre_act" in names and "logits" in names
+    assert max(c.max_abs for c in report.rows) <= ATOL + RTOL
+
+
+# ---------------------------------------------------------------------------------------------------- config
+
+
+def test_config_reads_pythia_and_transformers_5_names_alike():
+    pythia = GPTNeoXConfig.from_dict(PYTHIA_70M)
+    modern = GPTNeoXConfig.from_dict({k: v for k, v in PYTHIA_70M.items() if not k.startswith("rotary")}
+                                     | {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                            "partial_rotary_factor": 0.25}})
+    assert pythia == modern and (pythia.rotary_dim, pythia.head_dim) == (16, 64)
+    assert GPTNeoXConfig.from_dict(pythia.to_dict()) == pythia
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear' is not supported"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling=.* is not supported"),
+    ({"rotary_pct": 1.5}, "rotary_pct is 1.5"),
+    ({"rotary_pct": 0.3}, r"int\(head size 64 x rotary_pct 0.3\) = 19 is odd"),
+    ({"rope_parameters": [0.25]}, "'rope_parameters' should be an object"),
+    ({"num_attention_heads": 7}, "hidden_size 512 is not divisible by num_attention_heads 7"),
+    ({"model_type": "gpt2"}, "model_type is 'gpt2', but GPTNeoXConfig needs 'gpt_neox'"),
+])
+def test_config_refusals_name_the_field(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        GPTNeoXConfig.from_dict(PYTHIA_70M | changes, source="config.json")
+
+
+def test_a_layer_count_that_disagrees_with_the_file_names_the_tensors(tmp_path):
+    reference = hf()
+    write_pythia(reference, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 3}))
+    with pytest.raises(CheckpointError, match="num_hidden_layers=3"):
+        GPTNeoXForCausalLM.from_pretrained(tmp_path)
