@@ -11,6 +11,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def pytest_collection_modifyitems(items):
+    """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory):
     """A random GPT-2 with a byte-level BPE tokenizer trained on the spot (no GPT-2 tokenizer is local)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import transformers
 
-from weight_mapping import embedded_checkpoint
+from weight_mapping import TOKENIZER_FILES, embedded_checkpoint
 from helpers import randomize_
 from helpers import fake_hub_cache
 
@@ -43,6 +43,15 @@ def stand_in(name: str, directory: Path, tiny_gpt2_dir: Path) -> Path:
     bert = dict(vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37)
     if name == "gpt2":
         return tiny_gpt2_dir
+    if name == "EleutherAI/pythia-70m":  # a byte-level BPE as Pythia's: the tiny GPT-2's tokenizer
+        config = transformers.GPTNeoXConfig(vocab_size=json.loads((tiny_gpt2_dir / "config.json").read_text())[
+            "vocab_size"], hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+            rotary_pct=0.5, bos_token_id=0, eos_token_id=0)
+        randomize_(transformers.GPTNeoXForCausalLM(config), 0.3).save_pretrained(directory)
+        for file in TOKENIZER_FILES:
+            if (tiny_gpt2_dir / file).is_file():
+                shutil.copy(tiny_gpt2_dir / file, directory / file)
+        return directory
     if name == "bert-base-uncased":
         model = transformers.BertForPreTraining(transformers.BertConfig(**bert))
     elif name == "textattack/bert-base-uncased-SST-2":
@@ -75,6 +84,7 @@ def test_the_readme_has_offline_snippets_and_names_what_the_others_need():
         assert names <= {"minilm", needs} | ({"name"} if needs else set()), (line, names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("needs", sorted({needs or "" for _, _, needs in snippets()}))
 def test_every_readme_snippet_runs_as_written(tmp_path, tiny_gpt2, needs):
     blocks = [(line, code) for line, code, wanted in snippets() if (wanted or "") == needs]

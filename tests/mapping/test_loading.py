@@ -169,6 +169,7 @@ def test_forward_input_errors_name_the_argument():
         model(ids, token_type_ids=torch.full((1, 3), 2))
 
 
+@pytest.mark.slow
 def test_import_does_not_load_transformers():
     done = subprocess.run([sys.executable, "-c", "import sys, scratch_models, weight_mapping; "
                            "print('transformers' in sys.modules)"], capture_output=True, text=True, timeout=120)
@@ -195,6 +196,7 @@ def test_cuda_parity_against_transformers_same_dtype(dtype):
     assert report.passed, report.format()
 
 
+@pytest.mark.slow
 def test_skipped_tests_say_why_without_asking(tmp_path):
     """The README's test command prints each skip's reason: pyproject's pytest options ask for it."""
     (tmp_path / "test_skips.py").write_text("import pytest\n\n\ndef test_needs_a_gpu():\n"

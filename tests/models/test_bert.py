@@ -121,6 +121,7 @@ def bert_base_reference():
     return hf_pretraining_model(seed=0, std=None, **BERT_BASE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["bin", "safetensors"])
 def test_full_size_bert_base_legacy_layout(tmp_path, bert_base_reference, fmt):
     """The FULL bert-base-uncased config and layout (gelu, 12 layers, gamma/beta, `bert.`, cls heads)."""

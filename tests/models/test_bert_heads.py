@@ -365,6 +365,7 @@ def test_question_answering_needs_two_labels(tmp_path):
         scratch_models.BertForQuestionAnswering.from_pretrained(tmp_path)
 
 
+@pytest.mark.slow
 def test_full_size_bert_base_pretraining_in_bert_base_uncased_layout(tmp_path):
     """bert-base-uncased's own class, config and file layout (`bert.`, gamma/beta, the decoder weight stored):
     both heads and the pretraining loss."""

@@ -248,6 +248,7 @@ def full(tmp_path_factory):
     return hf_lm(7, 0.05, **GPT2_FULL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["bin with lm_head.weight", "sharded safetensors without lm_head.weight"])
 def test_full_gpt2_config_transformers_layout(tmp_path, full, layout):
     state = dict(full.state_dict())  # transformer.* plus lm_head.weight, as save_pretrained(.bin) writes it

@@ -93,17 +93,19 @@ def padded_inputs(vocab: int, seq: int = 11, seed: int = 1) -> dict:
     return dict(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, position_ids=positions)
 
 
-def check_against(reference, directory, inputs: dict) -> dict:
-    """Our GPTNeoXModel and GPTNeoXForCausalLM from `directory` against `reference`: the explicit path against its
-    eager attention where a query sees a key, the fused path against its SDPA attention everywhere, and every pair
-    of modules the mapping table compares."""
+def check_against(reference, directory, inputs: dict, device: str = "cpu") -> dict:
+    """Our GPTNeoXModel and GPTNeoXForCausalLM from `directory` against `reference`, both on `device`: the explicit
+    path against its eager attention where a query sees a key, the fused path against its SDPA attention
+    everywhere, and every pair of modules the mapping table compares."""
+    reference.to(device)
+    inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
     seen = sighted("gpt_neox", inputs["attention_mask"])
     with torch.no_grad():
         ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
-        model = GPTNeoXForCausalLM.from_pretrained(directory)
+        model = GPTNeoXForCausalLM.from_pretrained(directory, device=device)
         out = model(**inputs, output_hidden_states=True, output_attentions=True)
         fused = model(**inputs, output_hidden_states=True)
-        base = GPTNeoXModel.from_pretrained(directory)(**inputs, output_hidden_states=True)
+        base = GPTNeoXModel.from_pretrained(directory, device=device)(**inputs, output_hidden_states=True)
         reference.set_attn_implementation("sdpa")
         try:
             ref_fused = reference(**inputs, output_hidden_states=True)
@@ -134,9 +136,10 @@ def check_against(reference, directory, inputs: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ layouts
 
 
+@each_device
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("layout", ["pythia safetensors", "pythia bin", "pythia sharded", "transformers 5"])
-def test_checkpoint_layouts_and_variants_match_transformers(tmp_path, variant, layout):
+def test_checkpoint_layouts_and_variants_match_transformers(tmp_path, variant, layout, device):
     reference = hf(**VARIANTS[variant])
     if layout == "transformers 5":
         save(reference, tmp_path)
@@ -144,7 +147,7 @@ def test_checkpoint_layouts_and_variants_match_transformers(tmp_path, variant, l
     else:
         fmt = "bin" if layout.endswith("bin") else "safetensors"
         write_pythia(reference, tmp_path, fmt, shards=3 if layout.endswith("sharded") else 1)
-    worst = check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
+    worst = check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]), device)
     info = GPTNeoXForCausalLM.from_pretrained(tmp_path).loading_info
     assert info.prefixed
     if layout.startswith("pythia"):  # the buffers, each with its reason; nothing else left out

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import ATOL, RTOL, assert_parity, each_family, no_dropout, reference, save
+from helpers import ATOL, RTOL, assert_parity, each_device, each_family, no_dropout, reference, save
 from scratch_models.families import FAMILIES
 from scratch_models_cli.verify import TOLERANCES
 
@@ -60,10 +60,11 @@ def paired_parameters(family: str, ours, theirs) -> dict[str, tuple[torch.nn.Par
     return pairs
 
 
+@each_device
 @each_family
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention, dtype):
+def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention, dtype, device):
     """Train mode, dropout off. "sdpa": our fused path against transformers' SDPA; "eager": our explicit path
     (output_attentions) against transformers' eager attention. Half precision against transformers in the same
     dtype on the same machine (CPU here), held to the parity report's tolerance for that dtype, normwise for the
@@ -74,10 +75,10 @@ def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention,
     grad_tol = GRAD_TOL if dtype == torch.float32 else rtol
     directory = save(reference(family, attention=attention, **no_dropout(family)), tmp_path, "safetensors")
     theirs = getattr(transformers, lm(family).__name__).from_pretrained(
-        directory, dtype=dtype, attn_implementation=attention).train()
-    ours = lm(family).from_pretrained(directory, dtype=dtype).train()
+        directory, dtype=dtype, attn_implementation=attention).to(device).train()
+    ours = lm(family).from_pretrained(directory, dtype=dtype, device=device).train()
     assert {p.dtype for p in ours.parameters()} == {p.dtype for p in theirs.parameters()} == {dtype}
-    inputs = batch(family)
+    inputs = {name: tensor.to(device) for name, tensor in batch(family).items()}
     explicit = attention == "eager"
     ref_loss = theirs(**inputs, output_attentions=explicit).loss
     loss = ours(**inputs, output_attentions=explicit).loss
