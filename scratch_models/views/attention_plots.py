@@ -10,12 +10,10 @@ and `HEAD_MAX`; past `HEAD_MAX / LABEL_PX` tokens every n-th token is labelled (
 image adds `HEAD_LEFT + HEAD_RIGHT` pixels of width and `HEAD_TOP + HEAD_BOTTOM` of height for labels and the colour
 bar.
 
-Colour is the probability on a square-root scale, from 0 (white) to 1 (dark), the same in every cell so heads
-compare at a glance. A linear scale leaves long inputs blank: over 155 keys an even spread is 0.006 a key and even a
-sharp head's second choice is often under 0.1, both white; the square root shows 0.01 as a tint and 0.1 as a third of
-the way to dark, and the labelled colour bar reads the shades back. A head drawn in fewer pixels than it has tokens
-is shrunk by keeping each block's largest weight, so a one-token-wide diagonal or column stays visible instead of
-being sampled away.
+Colour is the probability on a square-root scale (display.ATTENTION_COLOURS, the attention page's too), from 0
+(white) to 1 (dark), the same in every cell so heads compare at a glance, named by the colour bar. A head drawn in
+fewer pixels than it has tokens is shrunk by keeping each block's largest weight, so a one-token-wide diagonal or
+column stays visible instead of being sampled away.
 """
 
 import math
@@ -25,7 +23,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from ..inspection import AttentionCapture
-from .display import PNG, render_png
+from .display import ATTENTION_COLOURS, PNG, render_png
 
 DPI = 100
 GRID_CELL, GRID_LEFT, GRID_TOP, GRID_RIGHT = 80, 60, 50, 90  # pixels
@@ -33,9 +31,6 @@ LABEL_PX, LABEL_PT = 14, 9  # a token label is 9 pt (12.5 px at 100 dpi), given 
 HEAD_MIN, HEAD_MAX = 560, 2000  # pixels per side of one head's heatmap
 HEAD_LEFT, HEAD_RIGHT, HEAD_TOP, HEAD_BOTTOM = 190, 110, 50, 170  # pixels around it
 CMAP = "Blues"
-GAMMA = 0.5  # colour = probability ** GAMMA (the attention page draws with the same scale)
-SCALE_TICKS = (0, 0.01, 0.05, 0.1, 0.25, 0.5, 1)  # probabilities the colour bars name
-SCALE_LABEL = "attention probability (square-root scale)"
 BOUNDARY_COLOUR = "#d62728"  # the A/B line of a sentence pair
 
 
@@ -112,8 +107,8 @@ def _heatmap(ax, capture: AttentionCapture, layer: int, head: int, pixels: int, 
     count = len(capture.tokens)
     # the extent keeps token coordinates, shrunk or not, so the boundary and the tick labels land on their tokens
     image = ax.imshow(shrunk(capture.probs[layer, head], pixels).numpy(), cmap=CMAP,
-                      norm=PowerNorm(GAMMA, vmin=0.0, vmax=1.0), interpolation="nearest", aspect="auto",
-                      extent=(-0.5, count - 0.5, count - 0.5, -0.5))
+                      norm=PowerNorm(ATTENTION_COLOURS.gamma, vmin=0.0, vmax=1.0), interpolation="nearest",
+                      aspect="auto", extent=(-0.5, count - 0.5, count - 0.5, -0.5))
     for spine in ax.spines.values():  # a frame just outside the cells: on them it would hide the first and last
         spine.set_position(("outward", 1))
         spine.set_linewidth(0.6)
@@ -126,10 +121,10 @@ def _heatmap(ax, capture: AttentionCapture, layer: int, head: int, pixels: int, 
 
 def _colour_bar(fig, image, cax, pixels: int, fontsize: float):
     """The colour bar with named probabilities, as many as its height has room for (a tick in 12 px or more)."""
-    ticks = [t for t in SCALE_TICKS if pixels >= 160 or t in (0, 0.1, 0.5, 1)]
+    ticks = [t for t in ATTENTION_COLOURS.ticks if pixels >= 160 or t in (0, 0.1, 0.5, 1)]
     bar = fig.colorbar(image, cax=cax, ticks=ticks)
     bar.ax.set_yticklabels([f"{t:g}" for t in ticks], fontsize=fontsize)
-    bar.set_label(SCALE_LABEL, fontsize=fontsize)
+    bar.set_label(ATTENTION_COLOURS.label, fontsize=fontsize)
 
 
 def _part(capture: AttentionCapture) -> str:

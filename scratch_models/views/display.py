@@ -11,6 +11,23 @@ from importlib import resources
 from pathlib import Path
 
 
+
+@dataclasses.dataclass(frozen=True)
+class ColourScale:
+    """How a picture shades a value in 0..1: the shade of p is p ** gamma; its colour bar is labelled `label` and
+    names the values `ticks`."""
+
+    gamma: float
+    label: str
+    ticks: tuple[float, ...]
+
+
+# Attention in the PNGs and on the page. Linear, a long input is blank: over 155 keys an even spread is 0.006 a key,
+# and even a sharp head's second choice is often under 0.1. The square root shows 0.01 as a tint and 0.1 a third of
+# the way to dark, and stays one scale for every head, so heads still compare.
+ATTENTION_COLOURS = ColourScale(0.5, "attention probability (square-root scale)", (0, 0.01, 0.05, 0.1, 0.25, 0.5, 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class PNG:
     """A rendered PNG image: `save(path)` writes it; Jupyter displays it inline (`_repr_png_`)."""

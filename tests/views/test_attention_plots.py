@@ -8,30 +8,14 @@ import torch
 from matplotlib import colormaps
 from PIL import Image
 
+from helpers import long_attention
 from scratch_models.inspection import AttentionCapture
-from scratch_models.views.attention_plots import (CMAP, GAMMA, GRID_CELL, GRID_LEFT, GRID_RIGHT, GRID_TOP, HEAD_LEFT,
-                                                  HEAD_TOP, attention_grid_png, head_png, head_side, shrunk)
+from scratch_models.views.attention_plots import (CMAP, GRID_CELL, GRID_LEFT, GRID_RIGHT, GRID_TOP, HEAD_LEFT, HEAD_TOP,
+                                                  attention_grid_png, head_png, head_side, shrunk)
+from scratch_models.views.display import ATTENTION_COLOURS
 
 LONG = 155
 PREV, SINK = 0.35, 0.3  # weights of the previous-token head and of the first-token ("sink") head
-
-
-def long_capture(count=LONG) -> AttentionCapture:
-    """One layer of three heads over `count` tokens, as a real model's look on a long input: head 0 gives PREV to
-    the token before and spreads the rest; head 1 gives SINK to the first token and spreads the rest; head 2
-    spreads evenly (1/count a key, under 0.01)."""
-    def spread(row_weight, column):
-        probs = torch.zeros(count, count)
-        for i in range(count):
-            j = column(i)
-            probs[i] = (1 - row_weight) / (count - 1)
-            probs[i, j] = row_weight
-        return probs
-
-    probs = torch.stack([spread(PREV, lambda i: max(i - 1, 0)), spread(SINK, lambda i: 0),
-                         torch.full((count, count), 1 / count)])[None]
-    q = torch.randn(1, 3, count, 4, generator=torch.Generator().manual_seed(0))
-    return AttentionCapture([f"w{i}" for i in range(count)], probs, probs.log(), q, q.clone())
 
 
 def pixels(png) -> torch.Tensor:
@@ -41,8 +25,9 @@ def pixels(png) -> torch.Tensor:
 
 
 def drawn(weight: float) -> torch.Tensor:
-    """The RGB the pictures give a probability: the colour map at weight ** GAMMA."""
-    return torch.tensor([round(255 * c) for c in colormaps[CMAP](weight ** GAMMA)[:3]])
+    """The RGB the pictures give a probability: the colour map at weight ** gamma (the square root)."""
+    assert ATTENTION_COLOURS.gamma == 0.5
+    return torch.tensor([round(255 * c) for c in colormaps[CMAP](weight ** 0.5)[:3]])
 
 
 def close(rgb, weight, tolerance=3) -> torch.Tensor:
@@ -51,7 +36,7 @@ def close(rgb, weight, tolerance=3) -> torch.Tensor:
 
 
 def test_grid_of_a_long_input_shows_every_heads_pattern():
-    grid = pixels(attention_grid_png(long_capture()))
+    grid = pixels(attention_grid_png(long_attention(LONG, PREV, SINK)))
     assert grid.shape[:2] == (GRID_TOP + GRID_CELL, GRID_LEFT + 3 * GRID_CELL + GRID_RIGHT)
     inner = GRID_CELL - 2 * 4  # a cell, inside the 4 px gap around it (its frame lies in the gap)
 
@@ -71,7 +56,7 @@ def test_grid_of_a_long_input_shows_every_heads_pattern():
 
 
 def test_head_png_of_a_long_input_draws_each_weight_on_the_named_scale():
-    capture = long_capture()
+    capture = long_attention(LONG, PREV, SINK)
     side = head_side(LONG)
     image = pixels(head_png(capture, 0, 0))
     at = lambda i, j: image[HEAD_TOP + int((i + 0.5) * side / LONG), HEAD_LEFT + int((j + 0.5) * side / LONG)]
