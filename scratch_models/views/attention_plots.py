@@ -23,7 +23,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from ..inspection import AttentionCapture
-from .display import ATTENTION_COLOURS, PNG, render_png
+from .display import ATTENTION_COLOURS, PNG, drawable, picture_label, render_png
 
 DPI = 100
 GRID_CELL, GRID_LEFT, GRID_TOP, GRID_RIGHT = 80, 60, 50, 90  # pixels
@@ -39,8 +39,8 @@ def attention_grid_png(capture: AttentionCapture, title: str = "attention") -> P
     layers, heads = capture.num_layers, capture.num_heads
     width, height = GRID_LEFT + heads * GRID_CELL + GRID_RIGHT, GRID_TOP + layers * GRID_CELL
     fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
-    fig.text(4 / width, 1 - 8 / height, f"{title}{_part(capture)}: layer (rows) x head (columns), query rows x key "
-             "columns", va="top", fontsize=9)
+    fig.text(4 / width, 1 - 8 / height, drawable(f"{title}{_part(capture)}: layer (rows) x head (columns), query rows "
+                                                 "x key columns"), va="top", fontsize=9)
     pad = 4  # pixels between cells
     for layer in range(layers):
         for head in range(heads):
@@ -83,13 +83,13 @@ def head_png(capture: AttentionCapture, layer: int, head: int, title: str = "att
     image = _heatmap(ax, capture, layer, head, side, linewidth=1.2)
     every = label_every(count)
     ticks = range(0, count, every)
-    labels = [_label(capture.tokens[i]) if every == 1 else f"{capture.positions[i]} {_label(capture.tokens[i])}"
-              for i in ticks]
+    labels = [picture_label(capture.tokens[i], 14) if every == 1
+              else f"{capture.positions[i]} {picture_label(capture.tokens[i], 14)}" for i in ticks]
     ax.set_xticks(ticks, labels, rotation=90, fontsize=LABEL_PT)
     ax.set_yticks(ticks, labels, fontsize=LABEL_PT)
     ax.set_xlabel("key (attended to)" + ("" if every == 1 else f", one label per {every} tokens"))
     ax.set_ylabel("query (attending)")
-    ax.set_title(f"{title}: layer {layer}, head {head}{_part(capture)}", fontsize=11)
+    ax.set_title(drawable(f"{title}: layer {layer}, head {head}{_part(capture)}"), fontsize=11)
     cax = fig.add_axes(((HEAD_LEFT + side + 20) / width, HEAD_BOTTOM / height, 18 / width, side / height))
     _colour_bar(fig, image, cax, side, fontsize=9)
     return render_png(fig, width, height)
@@ -129,11 +129,6 @@ def _colour_bar(fig, image, cax, pixels: int, fontsize: float):
 
 def _part(capture: AttentionCapture) -> str:
     return f" ({capture.part})" if capture.part else ""
-
-
-def _label(token: str) -> str:
-    token = token.replace("\n", "\\n")
-    return token if len(token) <= 14 else token[:13] + "…"
 
 
 def _check_index(name: str, value: int, count: int):
