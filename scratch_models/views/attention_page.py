@@ -55,7 +55,7 @@ class AttentionPage:
     `max_bytes` (None: no bound), the most tokens that fit, around `query`.
     heads: per-head numbers of the same model for the heads view (an AttentionSummary: labels, attention shares and
     entropy; a HeadReport: those and ablation and gradient scores); None: no heads view.
-    Attributes: html (the page), start and end (the tokens shown), notice (why not all of them, or None).
+    Attributes: html (the page), start and end (the tokens shown, of `total`), notice (why not all of them, or None).
     """
 
     def __init__(self, capture: AttentionCapture, *, layer: int = 0, head: int = 0, query: int = 0,
@@ -82,7 +82,7 @@ class AttentionPage:
         if wanted > fits and window is not None:
             raise ValueError(f"window {window[0]}:{window[1]} holds {wanted} tokens; within a page's bounds "
                              f"({bounds}) at most {fits} fit")
-        self.title = title
+        self.title, self.total = title, total
         while True:
             self.start, self.end = window or _around(query, fits, total)
             bounded = len(self.neuron_layers) < capture.num_layers or self.end - self.start < wanted
@@ -98,6 +98,9 @@ class AttentionPage:
                 raise ValueError(f"the page of tokens {self.start}:{self.end} takes {len(self.html.encode()):,} "
                                  f"bytes, over max_bytes={max_bytes:,}")
             fits -= max(1, fits // 50)
+
+    def __repr__(self) -> str:  # what a notebook stores beside the page: no memory address, the same every run
+        return f"AttentionPage({self.title!r}: tokens {self.start}..{self.end - 1} of {self.total})"
 
     def save(self, path):
         """Write the page to `path` whole, or not at all."""

@@ -30,13 +30,16 @@ class ColourScale:
 ATTENTION_COLOURS = ColourScale(0.5, "attention probability (square-root scale)", (0, 0.01, 0.05, 0.1, 0.25, 0.5, 1))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class PNG:
     """A rendered PNG image: `save(path)` writes it; Jupyter displays it inline (`_repr_png_`)."""
 
     data: bytes
     width: int
     height: int
+
+    def __repr__(self) -> str:  # not the bytes: a notebook stores this beside the image
+        return f"PNG({self.width}x{self.height})"
 
     def save(self, path: str | os.PathLike) -> Path:
         return write_atomically(path, self.data)
