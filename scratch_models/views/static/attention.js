@@ -401,8 +401,9 @@ function drawNeurons() {
   formula.replaceChildren(
     "query ", el("span", {class: "tok-chip" + (isB(i) ? " seg-b" : "")}, D.tokens[i]),
     ` (position ${D.positions[i]}), layer ${l}, head ${h}:   score = q·k × ${scaleText(l)} (+ mask);` +
-    `   probability = softmax of the scores = exp(score − ${logZ.toFixed(3)}), the log of Σ exp(score) over the ` +
-    (S < D.inputLength ? `input's ${D.inputLength} keys (this page lists ${S})` : "keys"));
+    "   probability = softmax of the scores = exp(score − logZ), logZ = log Σ exp(score) over the " +
+    (S < D.inputLength ? `input's ${D.inputLength} keys (this page lists ${S})` : "keys") +
+    ` = ${logZ.toFixed(3)}`);
   const qScale = maxAbs([q]), kScale = maxAbs(keys), pScale = maxAbs(prods);
   const order = range(S);
   if (nvOrder.value === "probability") order.sort((a, b) => probs[b] - probs[a] || a - b);
