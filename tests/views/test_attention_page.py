@@ -208,6 +208,16 @@ def test_a_window_by_request_says_so_without_a_bound():
     assert page.notice.startswith("Tokens 2..4 of 7 are shown") and "bounded" not in page.notice
     data = embedded_data(page.html)
     assert data["tokens"] == TOKENS[2:5] and data["query"] == 1 and data["inputLength"] == 7
+    # the neuron view's probabilities stay the model's, over all 7 keys, though 3 are shown: a row sums to less than 1
+    shown = make_capture().window(2, 5)
+    model = np.exp(shown.scores.numpy() - data["logZ"][..., None])
+    assert np.allclose(model, shown.probs.numpy(), rtol=1e-5, atol=1e-7) and model.sum(-1).min() < 0.9
+    # a query whose shown keys are all masked (a capture built by hand) gets no probability at all
+    blind = make_capture(causal=False)
+    blind.scores[:, :, 1] = float("-inf")
+    blind.probs[:, :, 1] = 0
+    log_z = embedded_data(AttentionPage(blind).html)["logZ"]
+    assert np.isinf(log_z[:, :, 1]).all() and np.isfinite(log_z[:, :, [0, 2, 3, 4, 5, 6]]).all()
     assert AttentionPage(make_capture()).notice is None
     # without a bound in bytes, the head view's canvas still bounds the tokens
     long = AttentionPage(make_capture(shape=(1, 1, MAX_TOKENS + 5, 2), causal=False), max_bytes=None)
