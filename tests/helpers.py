@@ -193,3 +193,21 @@ def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict
 def http_error(kind, status: int):
     """An error as huggingface_hub raises it for an HTTP answer `status` (only headers and request are read)."""
     return kind(f"{status} for the request", response=SimpleNamespace(status_code=status, headers={}, request=None))
+
+
+def long_attention(count: int = 155, prev: float = 0.35, sink: float = 0.3):
+    """An AttentionCapture of one layer of three heads over `count` tokens, as a real model attends over a long input:
+    head 0 gives `prev` to the token before and spreads the rest; head 1 gives `sink` to the first token and spreads
+    the rest; head 2 spreads evenly (1/count a key). q and k are random: this capture is for the pictures of the
+    probabilities, not for the neuron view's scores."""
+    from scratch_models.inspection import AttentionCapture
+
+    def spread(weight, key_of):
+        probs = torch.full((count, count), (1 - weight) / (count - 1))
+        probs[torch.arange(count), [key_of(i) for i in range(count)]] = weight
+        return probs
+
+    probs = torch.stack([spread(prev, lambda i: max(i - 1, 0)), spread(sink, lambda i: 0),
+                         torch.full((count, count), 1 / count)])[None]
+    q = torch.randn(1, 3, count, 4, generator=torch.Generator().manual_seed(0))
+    return AttentionCapture([f"w{i}" for i in range(count)], probs, probs.log(), q, q.clone())

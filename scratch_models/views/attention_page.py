@@ -1,10 +1,11 @@
 """One self-contained HTML page that shows the attention of one sequence, in three views:
 
 - head view: tokens twice (queries left, keys right) joined by one line per pair, coloured by the head that
-  attends most and as opaque as its weight; hover a token for every head's weight apart;
+  attends most and as opaque as its weight; hover a token for every head's weight apart; past `LONG_INPUT` tokens
+  it starts with each query's strongest lines only, since all of them are a tangle;
 - model view: a small heatmap for every layer x head, click one to enlarge it;
 - neuron view: for one query, the vectors q and k, their elementwise product, q·k, the score and the model's
-  probability, key by key;
+  probability, key by key (past `LONG_INPUT` tokens, the most likely keys first);
 - heads view, when given per-head numbers (`heads`: an AttentionSummary, or a HeadReport that scores the heads for a
   target too): a layer x head grid coloured by a chosen measure, each cell with its head's label ("→[SEP]", "prev",
   ...), and the heads ranked by that measure; a cell or a row opens its head in the other three views.
@@ -18,12 +19,18 @@ this module fills in the data.
     page = AttentionPage(capture, layer=2, head=3)   # page.html; page.save("attention.html"); Jupyter shows it
     AttentionPage(capture, heads=AttentionSummary.from_cache(cache, groups))   # with the heads view
 
-A page holds every layer's probabilities (a byte each) and q and k (float32, so q·k on the page is the model's),
-which grow with the square of the tokens. A page stays under `max_bytes`: a longer input shows a window of tokens
-(around the query), and the page and `page.notice` say so.
+Colours are those of the PNGs (attention_plots): the probability on a square-root scale, named by a colour bar, and a
+thumbnail smaller than its tokens keeps each block's largest weight.
+
+A page holds every layer's probabilities (a byte each, their square root in 254 steps: what the colours show, and
+fine steps for the small weights of long inputs) and q and k (float32, so q·k on the page is the model's), which grow
+with the square of the tokens. The neuron view's probabilities are exact: each query's log-normaliser (logZ, over all
+its keys, shown or not) turns the page's score into the model's probability. A page stays under `max_bytes`: a
+longer input shows a window of tokens (around the query), and the page and `page.notice` say so.
 """
 
 import base64
+import dataclasses
 import html
 import json
 import re
@@ -32,12 +39,13 @@ import torch
 
 from ..analysis.heads import AttentionSummary, HeadReport
 from ..inspection import AttentionCapture
-from .display import page_file, script_json, write_atomically
+from .display import ATTENTION_COLOURS, page_file, script_json, write_atomically
 
 MAX_BYTES = 20_000_000  # a few seconds to open in Chromium on a 2-core machine; a notebook output stays sane
 MAX_TOKENS = 1024  # the head view draws each token as a 22 px row on one canvas, at most 32767 px high
 IFRAME_HEIGHT = 900  # px of a page shown in a notebook; it scrolls inside
-_MASKED, _STEPS = 255, 254  # a probability is stored as round(p * 254) in a byte; 255 marks a masked score
+LONG_INPUT = 40  # tokens; past this the head view and the neuron view start as a long input needs (attention.js)
+_MASKED, _STEPS = 255, 254  # probability p is stored as round(p ** gamma * 254), its shade; 255 marks a masked score
 
 
 class AttentionPage:
@@ -47,7 +55,7 @@ class AttentionPage:
     `max_bytes` (None: no bound), the most tokens that fit, around `query`.
     heads: per-head numbers of the same model for the heads view (an AttentionSummary: labels, attention shares and
     entropy; a HeadReport: those and ablation and gradient scores); None: no heads view.
-    Attributes: html (the page), start and end (the tokens shown), notice (why not all of them, or None).
+    Attributes: html (the page), start and end (the tokens shown, of `total`), notice (why not all of them, or None).
     """
 
     def __init__(self, capture: AttentionCapture, *, layer: int = 0, head: int = 0, query: int = 0,
@@ -74,7 +82,7 @@ class AttentionPage:
         if wanted > fits and window is not None:
             raise ValueError(f"window {window[0]}:{window[1]} holds {wanted} tokens; within a page's bounds "
                              f"({bounds}) at most {fits} fit")
-        self.title = title
+        self.title, self.total = title, total
         while True:
             self.start, self.end = window or _around(query, fits, total)
             bounded = len(self.neuron_layers) < capture.num_layers or self.end - self.start < wanted
@@ -90,6 +98,9 @@ class AttentionPage:
                 raise ValueError(f"the page of tokens {self.start}:{self.end} takes {len(self.html.encode()):,} "
                                  f"bytes, over max_bytes={max_bytes:,}")
             fits -= max(1, fits // 50)
+
+    def __repr__(self) -> str:  # what a notebook stores beside the page: no memory address, the same every run
+        return f"AttentionPage({self.title!r}: tokens {self.start}..{self.end - 1} of {self.total})"
 
     def save(self, path):
         """Write the page to `path` whole, or not at all."""
@@ -147,7 +158,7 @@ def _render(capture: AttentionCapture, neuron_layers: list[int], *, layer: int, 
             notice: str | None, heads: dict | None) -> str:
     num_layers, num_heads, seq_len, head_dim = capture.q.shape
     masked = capture.masked
-    levels = torch.round(capture.probs.float().clamp(0, 1) * _STEPS).to(torch.uint8)
+    levels = torch.round(capture.probs.double().clamp(0, 1) ** ATTENTION_COLOURS.gamma * _STEPS).to(torch.uint8)
     data = {
         "tokens": capture.tokens,
         "positions": capture.positions,
@@ -158,6 +169,8 @@ def _render(capture: AttentionCapture, neuron_layers: list[int], *, layer: int, 
         "q": _packed(capture.q[neuron_layers].float()),
         "k": _packed(capture.k[neuron_layers].float()),
         "scale": [_score_scale(capture, masked, i) for i in neuron_layers],
+        "logZ": _packed(_log_normaliser(capture, masked, neuron_layers)),
+        "colours": dataclasses.asdict(ATTENTION_COLOURS), "longInput": LONG_INPUT,
         "layer": layer, "head": head, "query": query,
         "heads": heads,  # for the heads view, or None
     }
@@ -188,9 +201,9 @@ def _most_tokens(capture: AttentionCapture, neuron_layers: int, title: str, head
     fixed = sum(len(page_file(name).encode()) for names in _files(heads).values() for name in names)
     fixed += len(script_json(heads).encode()) + 2 * len(title.encode()) + 2048
 
-    def size(n):  # base64 takes 4 characters for 3 bytes: probabilities a byte each, q and k 4 bytes a value
+    def size(n):  # base64 takes 4 characters for 3 bytes: probabilities a byte each, q, k and logZ 4 bytes a value
         return (fixed + n * text
-                + 4 / 3 * (num_layers * num_heads * n * n + 2 * neuron_layers * num_heads * n * head_dim * 4))
+                + 4 / 3 * (num_layers * num_heads * n * n + neuron_layers * num_heads * n * (2 * head_dim + 1) * 4))
 
     if size(1) > max_bytes:
         raise ValueError(f"max_bytes={max_bytes:,} is less than a page of one token needs ({size(1):,.0f} bytes)")
@@ -210,6 +223,17 @@ def _score_scale(capture: AttentionCapture, masked: torch.Tensor, layer: int) ->
         return capture.q.shape[-1] ** -0.5
     at = (dots.abs().flatten() * readable).argmax()
     return float(capture.scores[layer].double().flatten()[at] / dots.flatten()[at])
+
+
+def _log_normaliser(capture: AttentionCapture, masked: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    """[layers, heads, query] float32: log of each query's softmax denominator over all the keys of the model's input,
+    so that exp(score - logZ) is its probability. A window holds some of the keys only, but every probability is the
+    model's, so logZ = score - log(probability) at the query's most likely shown key. +inf where no shown key has a
+    probability above 0: every shown probability is then 0."""
+    probs, scores = capture.probs[layers].double(), capture.scores[layers].double()
+    best, at = probs.masked_fill(masked[layers], 0).max(-1)
+    log_z = scores.gather(-1, at[..., None])[..., 0] - best.log()
+    return log_z.masked_fill(best == 0, float("inf")).float()
 
 
 def _packed(t: torch.Tensor) -> dict:

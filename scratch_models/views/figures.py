@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from ..analysis.heads import HeadReport
 from ..analysis.patching import PatchingResult
-from .display import render_png
+from .display import drawable, label_rotation, picture_label, render_png
 
 DPI = 100
 CELL = 56  # pixels per heatmap cell in heads_png
@@ -48,7 +48,7 @@ def heads_png(report: HeadReport, path: str | os.PathLike, title: str = "heads")
     width = MARGIN_LEFT + len(panels) * (panel_w + 30)
     height = MARGIN_TOP + layers * CELL + 40
     fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
-    fig.text(8 / width, 1 - 10 / height, f"{title}: target {report.target}", va="top", fontsize=10)
+    fig.text(8 / width, 1 - 10 / height, drawable(f"{title}: target {report.target}"), va="top", fontsize=10)
     fontsize = max(4.5, min(8.0, CELL / 7))
     for index, (values, name, signed) in enumerate(panels):
         left = MARGIN_LEFT + index * (panel_w + 30)
@@ -62,7 +62,7 @@ def heads_png(report: HeadReport, path: str | os.PathLike, title: str = "heads")
             for head in range(heads):
                 value = float(values[layer, head])
                 dark = abs(value) > 0.6 * scale
-                ax.text(head, layer, f"{report.attention.labels[layer][head]}\n{value:.2g}", ha="center",
+                ax.text(head, layer, drawable(f"{report.attention.labels[layer][head]}\n{value:.2g}"), ha="center",
                         va="center", fontsize=fontsize, color="white" if dark else "black")
         fig.colorbar(image, cax=fig.add_axes(_box(left + heads * CELL + 8, MARGIN_TOP, 12, layers * CELL, width,
                                                   height)))
@@ -84,8 +84,8 @@ def patching_png(result: PatchingResult, tokens: Sequence[str], path: str | os.P
     heights = [len(rows[sweep][0]) * PATCH_CELL + MARGIN_TOP + MARGIN_BOTTOM for sweep in sweeps]
     height = 40 + sum(heights)
     fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
-    fig.text(8 / width, 1 - 10 / height, f"{title}: 0 = corrupted ({result.corrupted_metric:.4g}), 1 = clean "
-             f"({result.clean_metric:.4g})", va="top", fontsize=10)
+    fig.text(8 / width, 1 - 10 / height, drawable(f"{title}: 0 = corrupted ({result.corrupted_metric:.4g}), 1 = clean "
+                                                  f"({result.clean_metric:.4g})"), va="top", fontsize=10)
     top = 40
     for sweep, panel_h in zip(sweeps, heights):
         shown, labels = rows[sweep]
@@ -129,7 +129,8 @@ def _axis_labels(ax, sweep: str, tokens: Sequence[str], row_labels: Sequence[str
         ax.set_xticks(range(cols), [f"H{h}" for h in range(cols)], fontsize=7)
         ax.set_xlabel("head", fontsize=8)
     else:
-        ax.set_xticks(range(cols), [_short(t) for t in tokens], rotation=90, fontsize=7)
+        labels = [picture_label(t, 12) for t in tokens]
+        ax.set_xticks(range(cols), labels, rotation=label_rotation(labels, PATCH_CELL - 4, 7), fontsize=7)
     ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
     ax.set_ylabel("head" if sweep == "attn_head_out_by_pos" else "layer", fontsize=8)
 
@@ -146,8 +147,3 @@ def _heatmap(ax, values: torch.Tensor, signed: bool, scale: float | None = None)
 def _box(left, top, w, h, width, height):
     """Pixel box (from the top-left corner) -> matplotlib's figure fractions (from the bottom-left)."""
     return left / width, 1 - (top + h) / height, w / width, h / height
-
-
-def _short(token: str) -> str:
-    token = token.replace("\n", "\\n")
-    return token if len(token) <= 12 else token[:11] + "…"

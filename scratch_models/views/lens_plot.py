@@ -11,7 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..analysis.lens import LensTable
-from .display import render_png
+from .display import drawable, label_rotation, picture_label, render_png
 
 DPI = 100
 CELL_WIDTH, CELL_HEIGHT = 84, 26  # pixels
@@ -35,19 +35,13 @@ def lens_png(table: LensTable, tokens: list[str], top_tokens: list[list[str]], p
     for row in range(rows):
         for column in range(columns):
             dark = float(probs[row, column]) > 0.6
-            ax.text(column, row, token_label(top_tokens[row][column]), ha="center", va="center", fontsize=7,
+            ax.text(column, row, picture_label(top_tokens[row][column]), ha="center", va="center", fontsize=7,
                     color="white" if dark else "black")
-    ax.set_xticks(range(columns), [token_label(t) for t in tokens], rotation=90, fontsize=8)
+    labels = [picture_label(t) for t in tokens]
+    ax.set_xticks(range(columns), labels, rotation=label_rotation(labels, CELL_WIDTH - 6, 8), fontsize=8)
     ax.set_yticks(range(rows), table.labels, fontsize=8)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(drawable(title), fontsize=10)
     bar = fig.add_axes(((LEFT + columns * CELL_WIDTH + 15) / width, BOTTOM / height, 12 / width,
                         rows * CELL_HEIGHT / height))
     fig.colorbar(image, cax=bar, label="probability")
     return render_png(fig, width, height).save(path)
-
-
-def token_label(token: str, width: int = 11) -> str:
-    """A token as one short line: spaces shown as ␣ (GPT-2's tokens start with one), newlines and tabs escaped,
-    cut to `width` characters."""
-    token = token.replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t")
-    return token if len(token) <= width else token[:width - 1] + "…"

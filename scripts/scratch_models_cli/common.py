@@ -1,5 +1,7 @@
 """What the commands share: a family's inputs from texts (with transformers' tokenizers), flag checks, wording."""
 
+import contextlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -7,6 +9,27 @@ import torch
 from scratch_models.analysis.heads import token_groups
 from scratch_models.families import family_of_config
 from weight_mapping import CheckpointError
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers, imported and used without its progress bars and load reports, which would bury what the caller
+    shows (a command's report, a notebook's cells); its errors still show. The bars and the verbosity are the
+    process's: set back on the way out. Also a decorator."""
+    with warnings.catch_warnings():
+        # tqdm.auto, which transformers imports, warns in a notebook without ipywidgets that it draws text bars
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import transformers
+    logging = transformers.utils.logging
+    bars, verbosity = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield transformers
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def encode(family, checkpoint, config, texts, pairs) -> tuple[dict, list[str]]:

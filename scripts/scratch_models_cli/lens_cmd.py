@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from scratch_models.analysis import LensTable, lens_table
-from scratch_models.views.lens_plot import lens_png, token_label
+from scratch_models.views.display import token_label
+from scratch_models.views.lens_plot import lens_png
 from scratch_models.tokenizer import NoTokenizerJson
 from weight_mapping import CheckpointError, open_checkpoint, staged
 

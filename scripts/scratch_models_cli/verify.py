@@ -20,7 +20,7 @@ from scratch_models.family import Family
 from scratch_models.pretrained import as_dtype
 from weight_mapping import EMBEDDED_NAME, open_checkpoint
 
-from .common import encode, family_of, plural, require_device
+from .common import encode, family_of, plural, quiet_transformers, require_device
 
 # (atol, rtol): a tensor passes when |ours - ref| <= atol + rtol * |ref| everywhere.
 TOLERANCES = {
@@ -98,6 +98,7 @@ class Report:
         return "\n".join(lines)
 
 
+@quiet_transformers()  # the report is the output: no "Loading weights" bars around it
 def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: list[str] | None = None,
            inputs: dict | None = None, device: str = "cpu", dtype: str = "float32",
            isolate: bool = False) -> Report:

@@ -17,8 +17,8 @@ from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
 from scratch_models import attention as attention_module
 from scratch_models.analysis.heads import attention_summary, token_groups
 from scratch_models.views.attention_page import AttentionPage
-from scratch_models.views.attention_plots import (GRID_CELL, GRID_LEFT, GRID_TOP, HEAD_MAX, HEAD_MIN, LABEL_PX,
-                                            attention_grid_png, head_png, head_side, label_every)
+from scratch_models.views.attention_plots import (GRID_CELL, GRID_LEFT, GRID_RIGHT, GRID_TOP, HEAD_MAX, HEAD_MIN,
+                                                  LABEL_PX, attention_grid_png, head_png, head_side, label_every)
 from scratch_models.views.display import PNG
 from scratch_models.inspection import AttentionCapture, attention_names, format_summary, summarize
 from scratch_models_cli.cli import main
@@ -346,8 +346,9 @@ def png_pixels(picture):
 def test_pngs_are_real_images_of_the_documented_size(pair_capture, tmp_path):
     capture, _ = pair_capture
     grid = png_pixels(attention_grid_png(capture))
-    assert GRID_CELL == 80 and GRID_LEFT == 60 and GRID_TOP == 50  # the size contract in the module docstring
-    assert grid.size == (60 + 12 * 80, 50 + 6 * 80)
+    # the size contract in the module docstring
+    assert (GRID_CELL, GRID_LEFT, GRID_TOP, GRID_RIGHT) == (80, 60, 50, 90)
+    assert grid.size == (60 + 12 * 80 + 90, 50 + 6 * 80)
     head = head_png(capture, 2, 3)
     assert head_side(len(capture.tokens)) == HEAD_MIN == 560
     assert png_pixels(head).size == (190 + 560 + 110, 50 + 560 + 170)
@@ -424,7 +425,7 @@ def test_cli_inspect_embedded_pair_writes_every_picture_offline(tmp_path, capsys
     for got, want in [(heads["entropy"], expected.entropy),
                       *((heads["shares"][name], values) for name, values in expected.shares.items())]:
         assert torch.equal(torch.tensor(got, dtype=torch.float64), want)
-    assert png_pixels(out / "attention_grid.png").size == (1020, 530)
+    assert png_pixels(out / "attention_grid.png").size == (1110, 530)
     summary = json.loads((out / "summary.json").read_text())
     assert [t["name"] for t in summary["tensors"]] == cached_by_default(BertModel.from_pretrained(MINILM))
     assert summary["tokens"][6] == "[SEP]" and (out / "summary.txt").read_text().count("\n") > 90

@@ -99,3 +99,28 @@ def test_lens_errors_name_the_cause_and_write_nothing(tmp_path, capsys):
     assert "cls.predictions" in err and not out.exists()
     code, _, err = run_lens([str(MINILM), "x", "--out", str(out), "--top-k", "0"], capsys)
     assert code == 2 and "--top-k must be at least 1" in err and not out.exists()
+
+
+def test_lens_bert_draws_tokens_its_font_lacks_without_a_warning(bert_mlm, tmp_path, capsys, recwarn):
+    """BERT's vocabulary holds CJK, Devanagari and other characters matplotlib's DejaVu Sans lacks: a lens that
+    predicts one draws it escaped, with no missing-glyph warning, and the printed table keeps the character."""
+    directory, reference = bert_mlm
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    awkward = tokenizer.convert_tokens_to_ids("雄")
+    predicting = tmp_path / "predicts-xiong"
+    with torch.no_grad():
+        reference.cls.predictions.bias[awkward] += 100.0  # every layer's most likely token
+    try:
+        reference.save_pretrained(predicting)
+    finally:
+        with torch.no_grad():
+            reference.cls.predictions.bias[awkward] -= 100.0
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(directory / name, predicting)
+    code, printed, _ = run_lens([str(predicting), "[CLS] 雄 and $$ cost", "--out", str(tmp_path / "out")], capsys)
+    assert code == 0 and "雄 1.00" in printed
+    lens = json.loads((tmp_path / "out" / "lens.json").read_text())
+    assert {cells[0]["token"] for layer in lens["layers"] for cells in layer["top"]} == {"雄"}
+    assert [str(w.message) for w in recwarn if "Glyph" in str(w.message) or "font" in str(w.message)] == []
+    with Image.open(tmp_path / "out" / "lens.png") as image:
+        assert image.size[0] > 0

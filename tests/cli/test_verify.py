@@ -280,3 +280,25 @@ def test_cli_generate_names_its_flags_and_refuses_sampling_flags_without_samplin
     err = capsys.readouterr().err.strip()
     assert err == f"scratch-models generate: error: {message}" + (" (without it the most likely token is taken)"
                                                                     if "add --do-sample" in message else "")
+
+
+def test_verify_loads_transformers_quietly_and_leaves_its_settings_as_they_were():
+    """In a notebook the reference's "Loading weights" bar and load reports would bury the report: verify turns them
+    off while it runs, and back to what they were, also when it fails (the notebook's own test sees no bar)."""
+    from scratch_models_cli.common import quiet_transformers
+
+    logging = transformers.utils.logging
+    before = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.set_verbosity_info()
+    try:
+        with quiet_transformers():
+            assert not logging.is_progress_bar_enabled() and logging.get_verbosity() == logging.ERROR
+        assert logging.get_verbosity() == logging.INFO
+        with pytest.raises(KeyError), quiet_transformers():
+            raise KeyError("inside")
+        assert (logging.is_progress_bar_enabled(), logging.get_verbosity()) == (before[0], logging.INFO)
+        report = verify(str(MINILM))
+        assert report.passed and (logging.is_progress_bar_enabled(), logging.get_verbosity()) == (before[0],
+                                                                                                  logging.INFO)
+    finally:
+        logging.set_verbosity(before[1])

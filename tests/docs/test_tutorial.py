@@ -1,29 +1,35 @@
-"""docs/tutorial.ipynb runs from top to bottom in a fresh kernel, offline, and shows what its text says."""
+"""docs/tutorial.ipynb ships with the outputs of a run of the current code (pictures included, no stderr noise), runs
+from top to bottom in a fresh kernel, offline and without the variables that quiet transformers in our tests, and
+shows what its text says."""
 
+import base64
+import copy
 import html
+import io
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
+from PIL import Image
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+from scratch_models_docs.tutorial import TUTORIAL, differences, run_tutorial
+
+NOISE = re.compile(r"it/s|Loading weights|Warning|warn|%\|")  # tqdm's bars, warnings
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    import nbformat
-    from nbclient import NotebookClient
+def run():
+    return run_tutorial()  # raises on a failing cell
 
-    notebook = nbformat.read(DOCS / "tutorial.ipynb", as_version=4)
-    stored = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    # stored without outputs, so the repository stays small and a reader's first run is their own
-    assert stored and all(not cell.outputs and cell.execution_count is None for cell in stored)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("HF_HUB_OFFLINE", "1")  # the kernel inherits it: any download attempt fails
-        env.setenv("CUDA_VISIBLE_DEVICES", "")
-        NotebookClient(notebook, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(DOCS)}}).execute()  # raises on a failing cell
-    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+@pytest.fixture(scope="module")
+def executed(run):
+    return [cell for cell in run.cells if cell.cell_type == "code"]
+
+
+def stored():
+    return nbformat.read(TUTORIAL, as_version=4)
 
 
 def text_of(cell) -> str:
@@ -32,6 +38,84 @@ def text_of(cell) -> str:
 
 def data_of(cells, mime) -> list:
     return [o.data[mime] for cell in cells for o in cell.outputs if mime in o.get("data", {})]
+
+
+def assert_quiet(cells):
+    """Every code cell shows something, in order of running, and nothing on stderr: no progress bar, no warning."""
+    assert [cell.execution_count for cell in cells] == list(range(1, len(cells) + 1))
+    assert all(cell.outputs for cell in cells)
+    assert [o.text for cell in cells for o in cell.outputs if o.output_type == "stream" and o.name == "stderr"] == []
+    assert [o for cell in cells for o in cell.outputs if o.output_type == "error"] == []
+    assert not [text for text in map(text_of, cells) if NOISE.search(text)]
+
+
+def test_the_shipped_notebook_shows_its_outputs_without_noise():
+    """What a reader sees on the web without running anything: the printed text, the page and the head's PNG."""
+    cells = [cell for cell in stored().cells if cell.cell_type == "code"]
+    assert_quiet(cells)
+    images = data_of(cells, "image/png")
+    assert len(images) == 1
+    with Image.open(io.BytesIO(base64.b64decode(images[0]))) as image:
+        assert image.format == "PNG" and min(image.size) > 500
+    assert len(data_of(cells, "text/html")) == 1
+    assert "PNG(" in data_of(cells, "text/plain")[1]  # a short repr beside the image, not its bytes
+
+
+def test_the_shipped_outputs_are_a_run_of_the_current_code(run):
+    assert differences(stored(), run) == [], "regenerate with `python scripts/make_docs.py`"
+
+
+def test_a_run_prints_no_noise(executed):
+    assert_quiet(executed)
+
+
+def test_differences_see_a_stale_output_and_forgive_what_varies_by_machine():
+    notebook = stored()
+    assert differences(notebook, notebook) == []
+
+    def changed(edit):
+        other = copy.deepcopy(notebook)
+        edit([cell for cell in other.cells if cell.cell_type == "code"])
+        return differences(notebook, other)
+
+    # what another machine may write otherwise: the transformers version, a parity error's digits, q and k
+    def machine(cells):
+        cells[1].outputs[0].text = re.sub(r"transformers \d\S*", "transformers 9.9.9", cells[1].outputs[0].text)
+        cells[1].outputs[0].text = cells[1].outputs[0].text.replace("0.000e+00", "1.192e-07", 1)
+        page = cells[2].outputs[0].data
+        page["text/html"] = re.sub(r"(&quot;q&quot;:\{&quot;shape&quot;:\[[\d,]*\],&quot;data&quot;:&quot;)(\w)",
+                                   lambda m: m.group(1) + ("B" if m.group(2) == "A" else "A"), page["text/html"])
+
+    assert changed(machine) == []
+
+    def printed(cells):
+        cells[4].outputs[0].text = cells[4].outputs[0].text.replace("%", " %", 1)
+
+    def cleared(cells):
+        cells[3].outputs, cells[3].execution_count = [], None
+
+    def repainted(cells):
+        png = cells[3].outputs[0].data
+        with Image.open(io.BytesIO(base64.b64decode(png["image/png"]))) as image:
+            inverted = Image.eval(image.convert("RGB"), lambda v: 255 - v)
+        buffer = io.BytesIO()
+        inverted.save(buffer, format="PNG")
+        png["image/png"] = base64.b64encode(buffer.getvalue()).decode()
+
+    def reweighted(cells):  # the page's probabilities two steps apart: another head, another colour scale
+        page = cells[2].outputs[0].data
+        source = html.unescape(page["text/html"])
+        data = re.search(r'"probs":\{"shape":\[[\d,]*\],"data":"([^"]*)"', source)
+        levels = bytearray(base64.b64decode(data.group(1)))
+        levels[0] = (levels[0] + 2) % 255
+        source = source.replace(data.group(1), base64.b64encode(bytes(levels)).decode())
+        page["text/html"] = html.escape(source, quote=True)
+
+    assert changed(printed) == ["code cell 5: stdout differs"]
+    assert changed(cleared) == ["code cell 4: run as [4], now [None]", "code cell 4: outputs ['image/png+text/plain'], "
+                                "now []"]
+    assert changed(repainted) == ["code cell 4: image/png differs"]
+    assert changed(reweighted) == ["code cell 3: text/html differs"]
 
 
 def test_tutorial_loads_and_verifies_the_embedded_model(executed):

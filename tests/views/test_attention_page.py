@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import long_attention
 from scratch_models.analysis.heads import AttentionSummary, HeadReport
 from scratch_models.views.attention_page import MAX_BYTES, MAX_TOKENS, AttentionPage
 from scratch_models.inspection import AttentionCapture
@@ -21,7 +22,8 @@ from scratch_models.inspection import AttentionCapture
 REPO = Path(__file__).resolve().parents[2]
 L, H, S, D = 3, 4, 7, 8
 TOKENS = ["[CLS]", "<b>&\"x", "Ġthe", "</script>", "it's", "</s>", "[SEP]"]
-ROW, LINES, SQUARE, FAINTEST = 22, 360, 7, 5  # the head view's geometry in attention.js
+ROW, LINES, SQUARE = 22, 360, 7  # the head view's geometry in attention.js
+FAINTEST = round(0.02 ** 0.5 * 254)  # the head view's faintest line, 2%, as a stored shade
 LANE = H * SQUARE + 6
 
 
@@ -67,15 +69,16 @@ def make_report() -> HeadReport:
 
 
 def embedded_data(page: str) -> dict:
-    """The page's data with its packed tensors decoded as the page's script decodes them: probabilities as levels
-    of 1/254 (None where masked), q and k as float32."""
+    """The page's data with its packed tensors decoded as the page's script decodes them: probabilities from their
+    shades, p ** gamma in steps of 1/254 (0 where masked), q, k and logZ as float32."""
     m = re.search(r'<script type="application/json" id="attention-data">(.*?)</script>', page, re.S)
     data = json.loads(m.group(1))
     levels = np.frombuffer(base64.b64decode(data["probs"]["data"]), dtype=np.uint8).reshape(data["probs"]["shape"])
     data["masked"] = levels == 255
-    data["probs"] = np.where(data["masked"], 0.0, levels / 254)
     data["levels"] = np.where(data["masked"], 0, levels)
-    for name in ("q", "k"):
+    data["shades"] = data["levels"] / 254
+    data["probs"] = data["shades"] ** (1 / data["colours"]["gamma"])
+    for name in ("q", "k", "logZ"):
         packed = data[name]
         data[name] = np.frombuffer(base64.b64decode(packed["data"]), dtype="<f4").reshape(packed["shape"])
     return data
@@ -115,9 +118,15 @@ def test_probabilities_masks_and_vectors_are_packed_faithfully():
     data = embedded_data(AttentionPage(capture).html)
     assert data["masked"][0, 0, 0].tolist() == [False] + [True] * (S - 1)  # query 0 may see key 0 only
     assert (data["masked"] == torch.ones(S, S, dtype=torch.bool).triu(1).numpy()).all()
-    # probabilities to within half a step of 1/254; q and k exactly
-    assert np.abs(data["probs"] - capture.probs.numpy()).max() <= 0.5 / 254 + 1e-9
+    # shades (the square roots of the probabilities) to within half a step of 1/254, so the probabilities to within
+    # a step; q and k exactly
+    assert data["colours"]["gamma"] == 0.5
+    assert np.abs(data["shades"] - capture.probs.numpy() ** 0.5).max() <= 0.5 / 254 + 1e-9
+    assert np.abs(data["probs"] - capture.probs.numpy()).max() <= 1 / 254
     assert data["q"].tolist() == capture.q.tolist() and data["k"].tolist() == capture.k.tolist()
+    # logZ turns the model's scores into its probabilities
+    assert np.allclose(np.exp(capture.scores.numpy() - data["logZ"][..., None]), capture.probs.numpy(), rtol=1e-5,
+                       atol=1e-7)
     assert data["neuronLayers"] == [0, 1, 2]
     assert data["scale"] == pytest.approx([D ** -0.5] * L, rel=1e-6)
 
@@ -186,9 +195,9 @@ def test_page_fits_any_bound_with_the_most_tokens(max_bytes, heads):
     page = AttentionPage(capture, query=150, max_bytes=max_bytes, heads=heads)
     size, shown = len(page.html.encode()), page.end - page.start
     assert shown < 300 and page.neuron_layers == [0]
-    # unused: less than one more token's share (2 x 3 probabilities a row and a column, q and k of one layer in
-    # base64, and its text) and 2 KB of the page's own text the estimate keeps in reserve
-    one_more = 4 / 3 * (2 * 3 * (2 * shown + 1) + 2 * 3 * 16 * 4) + 12
+    # unused: less than one more token's share (2 x 3 probabilities a row and a column, q, k and logZ of one layer
+    # in base64, and its text) and 2 KB of the page's own text the estimate keeps in reserve
+    one_more = 4 / 3 * (2 * 3 * (2 * shown + 1) + 3 * (2 * 16 + 1) * 4) + 12
     assert max_bytes - one_more - 2048 < size <= max_bytes
     with pytest.raises(ValueError, match="max_bytes=1,000 is less than a page of one token needs"):
         AttentionPage(capture, max_bytes=1_000)
@@ -199,6 +208,16 @@ def test_a_window_by_request_says_so_without_a_bound():
     assert page.notice.startswith("Tokens 2..4 of 7 are shown") and "bounded" not in page.notice
     data = embedded_data(page.html)
     assert data["tokens"] == TOKENS[2:5] and data["query"] == 1 and data["inputLength"] == 7
+    # the neuron view's probabilities stay the model's, over all 7 keys, though 3 are shown: a row sums to less than 1
+    shown = make_capture().window(2, 5)
+    model = np.exp(shown.scores.numpy() - data["logZ"][..., None])
+    assert np.allclose(model, shown.probs.numpy(), rtol=1e-5, atol=1e-7) and model.sum(-1).min() < 0.9
+    # a query whose shown keys are all masked (a capture built by hand) gets no probability at all
+    blind = make_capture(causal=False)
+    blind.scores[:, :, 1] = float("-inf")
+    blind.probs[:, :, 1] = 0
+    log_z = embedded_data(AttentionPage(blind).html)["logZ"]
+    assert np.isinf(log_z[:, :, 1]).all() and np.isfinite(log_z[:, :, [0, 2, 3, 4, 5, 6]]).all()
     assert AttentionPage(make_capture()).notice is None
     # without a bound in bytes, the head view's canvas still bounds the tokens
     long = AttentionPage(make_capture(shape=(1, 1, MAX_TOKENS + 5, 2), causal=False), max_bytes=None)
@@ -272,6 +291,8 @@ def pages(tmp_path_factory):
                                  max_bytes=300_000).save(root / "bounded.html"),
         "heads": AttentionPage(causal, heads=make_summary()).save(root / "heads.html"),
         "report": AttentionPage(causal, heads=make_report()).save(root / "report.html"),
+        "long": AttentionPage(long_attention(LONG, PREV, SINK)).save(root / "long.html"),
+        "long causal": AttentionPage(LONG_CAUSAL, layer=1, head=2, query=100).save(root / "long-causal.html"),
     }
     # two views in one notebook, as Jupyter puts them side by side in one document
     frames = "".join(AttentionPage(make_capture(seed=s), title=f"view {s}")._repr_html_() for s in (2, 3))
@@ -294,8 +315,8 @@ def drawn_lines(driver):
 
 
 def expected_lines(capture, layer, heads, queries=None, keys=None):
-    """Pairs with a line: the largest weight over the shown heads is at least FAINTEST/254, unmasked."""
-    levels = torch.round(capture.probs[layer, heads] * 254).masked_fill(capture.masked[layer, heads], 0)
+    """Pairs with a line: the largest shade over the shown heads is at least FAINTEST, unmasked."""
+    levels = torch.round(capture.probs[layer, heads].double() ** 0.5 * 254).masked_fill(capture.masked[layer, heads], 0)
     best = levels.amax(0)[queries if queries is not None else slice(None)][..., keys if keys is not None else
                                                                             slice(None)]
     return int((best >= FAINTEST).sum())
@@ -467,6 +488,120 @@ def test_two_notebook_views_live_side_by_side(driver, pages):
         assert drawn_lines(driver) > 0
         driver.switch_to.default_content()
     assert titles == ["view 2", "view 3"]
+    assert severe_errors(driver) == []
+
+
+# ---------- long inputs ----------
+
+LONG, PREV, SINK = 155, 0.35, 0.3  # helpers.long_attention: previous-token, first-token and even heads
+LONG_CAUSAL = make_capture(causal=True, shape=(2, 3, LONG, 8))  # q, k, scores and probabilities that agree
+
+
+def shade_rgb(p):
+    """The model view's colour of probability p (attention.js's PALETTE at the shade p ** 0.5)."""
+    t = round(p ** 0.5 * 254) / 254
+    return [round(255 - t * (255 - c)) for c in (12, 44, 110)]
+
+
+def canvas_rgb(driver, css):
+    """[height, width, 3] RGB of the canvas that `css` selects."""
+    width, height, flat = driver.execute_script(
+        "const c = document.querySelector(arguments[0]);"
+        "return [c.width, c.height, Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)]", css)
+    return np.array(flat).reshape(height, width, 4)[..., :3]
+
+
+def test_long_input_thumbnails_keep_one_token_patterns(driver, pages):
+    from selenium.webdriver.common.by import By
+    open_page(driver, pages["long"])
+    assert severe_errors(driver) == []
+    prev = canvas_rgb(driver, '.cell[data-layer="0"][data-head="0"] canvas')
+    assert prev.shape[0] < LONG  # 155 tokens in fewer pixels
+    # every pixel row holds a piece of the previous-token diagonal, in PREV's shade: none sampled or averaged away
+    assert (np.abs(prev - shade_rgb(PREV)).max(-1) <= 2).any(1).all()
+    sink = canvas_rgb(driver, '.cell[data-layer="0"][data-head="1"] canvas')
+    assert (np.abs(sink[:, 0] - shade_rgb(SINK)).max(-1) <= 2).all()  # the first-token column on every row
+    even = canvas_rgb(driver, '.cell[data-layer="0"][data-head="2"] canvas')
+    assert (np.abs(even - shade_rgb(1 / LONG)).max(-1) <= 2).all() and shade_rgb(1 / LONG)[0] < 240  # a tint
+    # the scale is named, with the probabilities the PNGs' colour bars name, where their shades are
+    scale = driver.find_element(By.ID, "mv-scale")
+    assert "square-root scale" in scale.text
+    ticks = scale.find_elements(By.CSS_SELECTOR, ".scale-ticks span")
+    assert [float(t.text) for t in ticks] == [0, 0.01, 0.05, 0.1, 0.25, 0.5, 1]
+    left = [t.location["x"] + t.size["width"] / 2 for t in ticks]
+    assert [(x - left[0]) / (left[-1] - left[0]) for x in left] == pytest.approx(
+        [float(t.text) ** 0.5 for t in ticks], abs=0.01)
+
+
+def strongest_lines(capture, layer, heads, keep):
+    """Lines of the head view showing each query's `keep` strongest (0: all over 2%)."""
+    levels = torch.round(capture.probs[layer, heads].double() ** 0.5 * 254).masked_fill(capture.masked[layer, heads], 0)
+    per_query = (levels.amax(0) >= FAINTEST).sum(-1)
+    return int((per_query if not keep else per_query.clamp(max=keep)).sum())
+
+
+def test_long_input_head_view_starts_with_each_querys_strongest_lines(driver, pages):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    open_page(driver, pages["long causal"])
+    lines = Select(driver.find_element(By.ID, "hv-lines"))
+    assert lines.first_selected_option.get_attribute("value") == "3"
+    every = strongest_lines(LONG_CAUSAL, 1, [0, 1, 2], 0)
+    assert drawn_lines(driver) == strongest_lines(LONG_CAUSAL, 1, [0, 1, 2], 3) < every
+    assert driver.find_element(By.ID, "hv-count").text == f"{drawn_lines(driver)} of {every} lines over 2%"
+    lines.select_by_value("1")
+    assert drawn_lines(driver) == LONG  # each query's strongest key
+    lines.select_by_value("0")
+    assert drawn_lines(driver) == every and driver.find_element(By.ID, "hv-count").text == f"{every} lines"
+    lines.select_by_value("3")
+    # a hovered token shows all of its lines, its weakest too
+    token = driver.find_elements(By.CSS_SELECTOR, ".token.left")[120]
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
+    ActionChains(driver).move_to_element(token).perform()
+    assert drawn_lines(driver) == expected_lines(LONG_CAUSAL, 1, [0, 1, 2], queries=[120]) > 3
+    assert severe_errors(driver) == []
+    # a short input starts with every line
+    open_page(driver, pages["causal"])
+    assert Select(driver.find_element(By.ID, "hv-lines")).first_selected_option.get_attribute("value") == "0"
+
+
+def test_long_input_enlarged_head_labels_every_nth_token(driver, pages):
+    from selenium.webdriver.common.by import By
+    open_page(driver, pages["long"])
+    driver.find_element(By.CSS_SELECTOR, '.cell[data-layer="0"][data-head="0"]').click()
+    zoom = canvas_rgb(driver, "#zoom-canvas")
+    cell = driver.execute_script("return Z.cell")
+    margin = zoom.shape[1] - 4 - LONG * cell
+    assert margin > 40  # room for labels: "150 w150"
+    ink = (zoom[:, :int(margin) - 4].min(-1) < 128).any(1)  # rows with label text left of the heatmap
+    rows = [int(margin + (i + 0.5) * cell) for i in range(LONG)]
+    every = driver.execute_script("return Z.every")
+    assert 1 < every < 5 and all(ink[r] for r in rows[::every])
+    assert driver.find_element(By.ID, "zoom-scale").text.startswith("attention probability")
+    assert severe_errors(driver) == []
+
+
+def test_long_input_neuron_view_lists_exact_probabilities_likeliest_first(driver, pages):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    open_page(driver, pages["long causal"])
+    order = Select(driver.find_element(By.ID, "nv-order"))
+    assert order.first_selected_option.get_attribute("value") == "probability"
+
+    def table():
+        rows = driver.find_elements(By.CSS_SELECTOR, "#nv-table tbody tr")
+        return ([int(r.get_attribute("data-key")) for r in rows],
+                [r.find_elements(By.TAG_NAME, "td")[6].text for r in rows])
+
+    keys, shown = table()
+    want = LONG_CAUSAL.probs[1, 2, 100].double()
+    assert keys == sorted(range(LONG), key=lambda j: (-float(want[j]), j))  # masked keys (0) last, in order
+    for j, text in zip(keys, shown):
+        assert float(text) == pytest.approx(float(want[j]), rel=5e-3, abs=1e-12)  # three significant digits
+    assert float(shown[-1]) == 0 and shown[0] != shown[1]
+    order.select_by_value("position")
+    assert table()[0] == list(range(LONG))
     assert severe_errors(driver) == []
 
 

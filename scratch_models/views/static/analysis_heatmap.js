@@ -38,16 +38,17 @@ function isDark(colour) {
   return rgb !== null && rgb.length === 3 && 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 128;
 }
 
-// rows: 2-D array; options: rowLabels, columnLabels, colour(v), cellText(r, c, v) -> string (may hold a label),
+// A table of coloured cells in `container` (replacing what it held). rows: 2-D array; options: rowLabels,
+// columnLabels (a "\n" breaks a label in two lines), colour(v), cellText(r, c, v) -> string (may hold a label),
 // title(r, c, v) -> hover text, onClick(r, c), compact.
-function heatmapTable(rows, options) {
+function heatmapTable(container, rows, options) {
   const table = document.createElement("table");
   table.className = "heatmap" + (options.compact ? " compact" : "");
   const head = table.createTHead().insertRow();
   head.appendChild(document.createElement("th"));
   for (const label of options.columnLabels) {
     const th = document.createElement("th");
-    if (String(label).length > 4) th.className = "column";  // long labels stand on end; short ones (H3) need not
+    th.className = "column";
     th.textContent = label;
     head.appendChild(th);
   }
@@ -69,7 +70,24 @@ function heatmapTable(rows, options) {
       if (options.onClick) td.addEventListener("click", () => options.onClick(r, c));
     });
   });
+  container.replaceChildren(table);
+  fitColumnHeaders(table);
   return table;
+}
+
+// Column headers stand on end only when one of them is wider than its column, and then all of them, so a table
+// reads one way: short labels (H3, or a position over a short token) stay level. On end, a label's line break is a
+// space.
+function fitColumnHeaders(table) {
+  const headers = [...table.querySelectorAll("th.column")], first = table.querySelector("tbody td");
+  if (!headers.length || !first) return;
+  table.classList.add("rotated");  // on end, a header is narrow: the column is as wide as its cells
+  const room = first.clientWidth - 4;
+  const measure = document.createElement("canvas").getContext("2d");
+  measure.font = getComputedStyle(headers[0]).font;
+  const lines = headers.flatMap(th => th.textContent.split("\n"));
+  const widest = Math.max(...lines.map(line => measure.measureText(line).width));
+  table.classList.toggle("rotated", widest > room);
 }
 
 function escapeHtml(text) {

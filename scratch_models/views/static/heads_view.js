@@ -62,14 +62,14 @@ function headsView(data) {
     const m = measures.get(measure);
     legend.textContent = m.legend;
     const scale = m.scale || maxAbs(m.values);
-    grid.replaceChildren(heatmapTable(m.values, {
+    heatmapTable(grid, m.values, {
       rowLabels: m.values.map((_, l) => `L${l}`),
       columnLabels: m.values[0].map((_, h) => `H${h}`),
       colour: m.signed ? (v) => divergingColour(v, scale) : (v) => sequentialColour(v, scale),
       cellText: (l, h, v) => `<span class="label">${escapeHtml(data.labels[l][h])}</span>${formatNumber(v)}`,
       title: headText,
       onClick: pick,
-    }));
+    });
     drawRanked();
   }
 

@@ -34,7 +34,9 @@ function labels(rows) {
 }
 
 function columns(rows) {
-  return sweep === "attn_head_out_all_pos" ? rows[0].map((_, h) => `H${h}`) : data.tokens.map((t, i) => `${i} ${t}`);
+  // a position over its token (on one line when the headers stand on end); a token's own line breaks shown as \n
+  return sweep === "attn_head_out_all_pos" ? rows[0].map((_, h) => `H${h}`)
+    : data.tokens.map((t, i) => `${i}\n${t.replace(/\n/g, "\\n").replace(/\t/g, "\\t")}`);
 }
 
 function draw() {
@@ -48,14 +50,14 @@ function draw() {
     `${sweep === "attn_head_out_all_pos" ? "head" : "position"}. ` +
     (normalised ? "1 = the clean run's metric restored, 0 = left at the corrupted run's."
                 : `clean ${formatNumber(data.clean_metric)}, corrupted ${formatNumber(data.corrupted_metric)}.`);
-  const describe = (r, c, v) => `${rowLabels[r]}, ${columnLabels[c]}: ${formatNumber(v)}`;
-  document.getElementById("grid").replaceChildren(heatmapTable(rows, {
+  const describe = (r, c, v) => `${rowLabels[r]}, ${columnLabels[c].replace("\n", " ")}: ${formatNumber(v)}`;
+  heatmapTable(document.getElementById("grid"), rows, {
     rowLabels, columnLabels, compact: sweep === "attn_head_out_by_pos",
     colour: (v) => divergingColour(v, scale),
     cellText: (r, c, v) => (sweep === "attn_head_out_by_pos" ? "" : formatNumber(v)),
     title: describe,
     onClick: (r, c) => { document.getElementById("detail").textContent = describe(r, c, rows[r][c]); },
-  }));
+  });
 }
 
 tabs(document.getElementById("tabs"), Object.keys(data.patched).map((k) => [k, TITLES[k]]),
