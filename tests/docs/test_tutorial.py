@@ -17,6 +17,8 @@ from scratch_models_docs.tutorial import TUTORIAL, differences, run_tutorial
 
 NOISE = re.compile(r"it/s|Loading weights|Warning|warn|%\|")  # tqdm's bars, warnings
 
+pytestmark = pytest.mark.slow  # a fresh Jupyter kernel runs the whole notebook
+
 
 @pytest.fixture(scope="module")
 def run():
