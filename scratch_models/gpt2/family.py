@@ -59,6 +59,8 @@ FAMILY = Family(
     positions_field="n_positions",
     causal=True,
     targets={"GPT2LMHeadModel": "next", "GPT2ForSequenceClassification": "class"},
+    classifiers={"GPT2ForSequenceClassification": "labels", "GPT2ForTokenClassification": "tokens",
+                 "GPT2ForQuestionAnswering": "span"},
     default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
     tiny_config=dict(vocab_size=10, n_positions=8, n_embd=4, n_layer=1, n_head=2),
     summary="""GPT-2 is pre-LN: each sublayer reads a normalised copy (`ln_1`, `ln_2`) and adds its output to a
@@ -77,4 +79,5 @@ final LayerNorm's output: `hidden_states[-1]` (and `GPT2Model`'s `last_hidden_st
         "end_logits": "end_logits",
         "mc_logits": "mc_logits",
     },
+    lm_checkpoint="gpt2",
 )

@@ -173,9 +173,8 @@ class GPT2Model(PretrainedModel):
         if past_key_values is not None and not isinstance(past_key_values, KVCache):
             raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
                              f"got {type(past_key_values).__name__}")
-        if past_key_values is not None and past_key_values.batch_size not in (None, batch):
-            raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds "
-                             f"{past_key_values.batch_size} rows")
+        if past_key_values is not None:
+            past_key_values.check_fits(config.n_layer, batch, config.n_head, config.head_dim)
         cache = KVCache(config.n_layer) if past_key_values is None and use_cache else past_key_values
         past = cache.length if cache is not None else 0
         if position_ids is None:
