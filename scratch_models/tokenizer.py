@@ -114,13 +114,13 @@ class Tokenizer:
     def encode(self, text: str, pair: str | None = None, *, add_special_tokens: bool = True,
                prepend_bos: bool = False) -> list[int]:
         """The ids of one text (or sentence pair), special tokens as the checkpoint's template adds them."""
-        ids = self.backend.encode(text, pair, add_special_tokens=add_special_tokens).ids
+        ids = self.backend.encode(text, _one_pair(pair), add_special_tokens=add_special_tokens).ids
         return [self._bos()] + ids if prepend_bos else ids
 
     def sequence_ids(self, text: str, pair: str | None = None) -> list[int | None]:
         """For each token of `encode(text, pair)`: 0 for the text's tokens, 1 for the pair's, None for the special
         tokens the template adds (transformers' BatchEncoding.sequence_ids)."""
-        return self.backend.encode(text, pair).sequence_ids
+        return self.backend.encode(text, _one_pair(pair)).sequence_ids
 
     def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str = "right",
                  prepend_bos: bool = False, add_special_tokens: bool = True, device=None) -> dict[str, torch.Tensor]:
@@ -132,6 +132,8 @@ class Tokenizer:
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None if pair is None else [pair] if isinstance(pair, str) else list(pair)
+        if isinstance(text, str) and pairs == [""]:
+            pairs = None  # as _one_pair: transformers' call does the same
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("text must be a string or a non-empty list of strings")
         if pairs is not None and len(pairs) != len(texts):
@@ -188,6 +190,12 @@ class Tokenizer:
                 return self.special_ids[role]
         raise ValueError(f"{self.source}: texts of different lengths need padding, and the tokenizer names neither "
                          "a pad nor an end-of-text token")
+
+
+def _one_pair(pair: str | None) -> str | None:
+    """The second segment of one text: an empty one is none, as transformers' tokenizer reads a single text's pair
+    (by its truth value; in a batch, an empty pair is a segment of its own, [SEP] and all, there and here)."""
+    return pair or None
 
 
 def _read(directory: Path, token_type_ids: bool | None, config_json: dict | None, source):

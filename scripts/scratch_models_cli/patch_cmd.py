@@ -47,9 +47,9 @@ def patch(model: str, clean: str, corrupted: str, *, target: str | None = None, 
     corrupted_inputs, corrupted_tokens = encode(loaded, [corrupted], device, "--corrupted")
     lengths = len(clean_tokens[0]), len(corrupted_tokens[0])
     if lengths[0] != lengths[1]:
-        raise ValueError(f"--clean is {lengths[0]} tokens ({' '.join(clean_tokens[0])}) and --corrupted "
-                         f"{lengths[1]} ({' '.join(corrupted_tokens[0])}): patching by position needs texts of the "
-                         "same length in tokens")
+        raise ValueError(f"--clean is {lengths[0]} tokens ({' '.join(map(repr, clean_tokens[0]))}) and --corrupted "
+                         f"{lengths[1]} ({' '.join(map(repr, corrupted_tokens[0]))}): patching by position needs texts "
+                         "of the same length in tokens")
     clean_at = positions(loaded, clean_inputs, [clean], "--clean")
     corrupted_at = positions(loaded, corrupted_inputs, [corrupted], "--corrupted")
     if clean_at is not None and not torch.equal(clean_at, corrupted_at):
