@@ -164,8 +164,10 @@ class Tokenizer:
         return [self.backend.decode([i], skip_special_tokens=False) for i in self._id_list(ids)]
 
     def _id_list(self, ids) -> list[int]:
-        """ids as a list of ints: a list, or a tensor of one axis (or [1, s]); an id outside the vocabulary, which
-        the tokenizers library would decode to nothing, is an error."""
+        """ids as a list of ints: one id, a list, or a tensor of one axis (or [1, s]); an id outside the vocabulary,
+        which the tokenizers library would decode to nothing, is an error."""
+        if isinstance(ids, int) or isinstance(ids, torch.Tensor) and ids.dim() == 0:
+            ids = [int(ids)]  # one id, as transformers' decode takes it (its TextStreamer passes one)
         if isinstance(ids, torch.Tensor):
             if ids.dim() == 2 and ids.shape[0] == 1:
                 ids = ids[0]

@@ -38,8 +38,7 @@ def classify(model: str, text: str, *, pair: str | None = None, top_k: int | Non
                          "context as --pair")
     if kind != "span":  # a question and its context are a pair in every family
         opened.family.check_pairs(None if pair is None else [pair])
-    pairs = None if pair is None else [pair]
-    inputs, tokens = encode(opened, [text], pairs, names=["the text" + (" with --pair" if pair else "")])
+    inputs, tokens = encode(opened, text, pair, names=["the text" + (" with --pair" if pair else "")])
     ours = opened.load(head)
     with torch.no_grad():
         out = ours(**inputs)

@@ -207,7 +207,7 @@ def _generate(args) -> int:
     if not family.causal:
         raise ValueError(f"{opened.source}: generate continues a text with a causal language model ({CAUSAL}); this "
                          f"is a {family.title} checkpoint (fill-mask fills in a masked language model's masks)")
-    input_ids = encode(opened, [args.prompt], names=["the prompt"], device=args.device)[0]["input_ids"]
+    input_ids = encode(opened, args.prompt, names=["the prompt"], device=args.device)[0]["input_ids"]
     prompt, limit = input_ids.shape[1], getattr(opened.config, family.positions_field)
     if prompt + args.max_new_tokens > limit:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt's {prompt} tokens and "

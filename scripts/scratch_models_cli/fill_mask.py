@@ -18,7 +18,7 @@ def fill_mask(model: str, text: str, top_k: int = 5) -> list[tuple[int, list[tup
     if missing:
         raise ValueError(missing_head(opened, family.lm, missing, "fill-mask"))
     mask_id, mask = opened.mask_token()
-    inputs, _ = encode(opened, [text], names=["the text"])
+    inputs, _ = encode(opened, text, names=["the text"])
     positions = (inputs["input_ids"][0] == mask_id).nonzero().flatten().tolist()
     if not positions:
         raise ValueError(f"the text holds no mask token {mask!r}: {text!r}")

@@ -52,10 +52,11 @@ def inspect(model, text: str, *, pair: str | None = None, out: str | os.PathLike
     require_device(device)
     check_writable_directory("--out", out)
     opened = open_model(model)
-    inputs, tokens = encode(opened, [text], None if pair is None else [pair], device=device,
+    inputs, tokens = encode(opened, text, pair, device=device,
                             names=["the text" + (" with --pair" if pair is not None else "")])
     tokens = tokens[0]
-    b_start = opened.tokenizer.sequence_ids(text, pair).index(1) if pair is not None else None
+    segments = opened.tokenizer.sequence_ids(text, pair)  # an empty --pair is none, as encode reads it
+    b_start = segments.index(1) if 1 in segments else None
     # the task head too when the checkpoint has one, so its logits are cached as well
     ours = opened.load(opened.widest_model(sequences_only=True), device=device)
     for name, value, count in (("--layer", layer, len(ours.layers)), ("--head", head, ours.layers[0].attn.num_heads)):

@@ -44,7 +44,7 @@ def lens(model: str, text: str, *, out: str | os.PathLike, top_k: int = 3, devic
     if missing:
         raise CheckpointError(missing_head(opened, family.lm, missing, "the logit lens"))
     reads = "the token after each position" if family.causal else "the token at each position (masked-LM head)"
-    inputs, tokens = encode(opened, [text], names=["the text"], device=device)
+    inputs, tokens = encode(opened, text, names=["the text"], device=device)
     tokens = tokens[0]
     lm = opened.load(family.lm, device=device)
     with torch.no_grad():

@@ -81,7 +81,7 @@ def test_lens_bert_reads_the_mlm_head(bert_mlm, tmp_path, capsys):
     assert lens["tokens"][0] == "[CLS]" and "[MASK]" in lens["tokens"]
 
 
-def test_lens_falls_back_to_transformers_tokenizer_for_vocab_files(bert_mlm, tmp_path, capsys):
+def test_lens_reads_a_vocab_only_checkpoint_with_the_same_tokenizer(bert_mlm, tmp_path, capsys):
     directory, reference = bert_mlm
     vocab_only = tmp_path / "vocab-only"
     shutil.copytree(directory, vocab_only)

@@ -99,3 +99,51 @@ def test_a_vocab_only_checkpoint_reads_text_in_every_command_as_with_tokenizer_j
         assert printed[0] == printed[1], argv[0]
     assert main(["verify", small["vocab_only"], "--text", "Time flies.", "--pair", "Fruit flies."]) == 0
     assert "1 sentence pair:" in capsys.readouterr().out
+
+
+def test_texts_without_tokens_come_back_as_long_ids_the_model_refuses_by_name(small):
+    """Before: a batch of texts that give no tokens came back as float32, and the model refused its dtype."""
+    from scratch_models import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(small["gpt2"])
+    batch = model.tokenizer(["", ""])
+    assert batch["input_ids"].dtype == batch["attention_mask"].dtype == torch.long
+    assert batch["input_ids"].shape == (2, 0)
+    with pytest.raises(ValueError, match=r"input_ids is empty \(shape \(2, 0\)\): give at least one token"):
+        model(**batch)
+
+
+def test_an_empty_pair_of_one_text_is_no_pair_as_in_transformers():
+    """transformers reads a single text's pair by its truth value; in a batch an empty pair is a segment."""
+    ours = open_model("minilm").tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(open_model("minilm").checkpoint.directory)
+    assert ours("x", "")["input_ids"].tolist() == [theirs("x", "")["input_ids"]] == [[101, 1060, 102]]
+    assert ours.encode("x", "") == theirs.encode("x", "") and ours.sequence_ids("x", "") == [None, 0, None]
+    assert ours(["x"], [""])["input_ids"].tolist() == theirs(["x"], [""])["input_ids"] == [[101, 1060, 102, 102]]
+
+
+def test_a_tokenizer_around_a_backend_checks_its_special_tokens(small):
+    backend = open_model(small["mlm"]).tokenizer.backend
+    with pytest.raises(ValueError, match="special_ids: unknown role\\(s\\) masque; the roles are bos, eos"):
+        Tokenizer.from_backend(backend, {"masque": 103}, token_type_ids=True, source="here")
+    with pytest.raises(ValueError, match="here: the mask token's id 40000 is outside the vocabulary 0..30521"):
+        Tokenizer.from_backend(backend, {"mask": 40000}, token_type_ids=True, source="here")
+    tokenizer = Tokenizer.from_backend(backend, {"mask": 103, "pad": 0}, token_type_ids=False, source="here")
+    assert tokenizer.special_tokens == {"mask": "[MASK]", "pad": "[PAD]"}
+    assert set(tokenizer("a [MASK]")) == {"input_ids", "attention_mask"}
+
+
+def test_one_id_decodes_as_in_transformers_whose_streamer_passes_one(small):
+    """TextStreamer (generate's) decodes its last token alone, as an int, after a newline."""
+    from transformers import TextStreamer
+
+    tokenizer = open_model(small["gpt2"]).tokenizer
+    newline = tokenizer.encode("a\nb")
+    assert tokenizer.decode(newline[1]) == tokenizer.decode([newline[1]]) == tokenizer.decode(torch.tensor(newline[1]))
+    printed = []
+    streamer = TextStreamer(tokenizer)
+    streamer.on_finalized_text = lambda text, stream_end=False: printed.append(text)
+    for i in newline:
+        streamer.put(torch.tensor([i]))
+    streamer.end()
+    assert "".join(printed) == "a\nb"
