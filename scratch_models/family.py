@@ -166,7 +166,7 @@ class Family:
         its tensors; else the first of `heads` whose tensors it holds all of; None for a base-model checkpoint.
         `config`: the checkpoint's (config_of), when the caller has it. `sequences_only`: no class whose inputs
         are [batch, choices, seq] (multiple choice)."""
-        config = config or self.config_of(checkpoint)
+        config = self.config_of(checkpoint) if config is None else config
         named = architectures(checkpoint.config_json)
         candidates = [head for head in self.heads if not (sequences_only and head.multiple_choice)]
         for head in sorted(candidates, key=lambda head: head.__name__ not in named):

@@ -130,10 +130,10 @@ class Tokenizer:
         marks it either way."""
         if padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        if isinstance(text, str) and isinstance(pair, str):
+            pair = _one_pair(pair)
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None if pair is None else [pair] if isinstance(pair, str) else list(pair)
-        if isinstance(text, str) and pairs == [""]:
-            pairs = None  # as _one_pair: transformers' call does the same
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ValueError("text must be a string or a non-empty list of strings")
         if pairs is not None and len(pairs) != len(texts):

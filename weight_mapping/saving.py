@@ -82,10 +82,11 @@ def staged(target):
     Staging inside `target` keeps every move on one file system (`target` may be a mount point) and never writes
     to its parent (which may be read-only when `target` exists). If the block fails, the staging directory, and
     `target` itself if this call created it, are removed: `target` is as it was. If a move fails, the moves done
-    are undone; a directory of a new file's name is never replaced (IsADirectoryError, nothing moved). The moves take the old config.json out first and put the new one in last, so a config.json in
-    `target` always sits beside the files written with it: a save cut short between moves (power lost, process
-    killed) leaves `target` without config.json, which loading refuses ("config.json not found", or "no weights
-    file" while the weights are moved too), and the old files in a hidden `.*.replaced` directory inside `target`.
+    are undone; a directory of a new file's name is never replaced (IsADirectoryError, nothing moved). The moves
+    take the old config.json out first and put the new one in last, so a config.json in `target` always sits
+    beside the files written with it: a save cut short between moves (power lost, process killed) leaves `target`
+    without config.json, which loading refuses ("config.json not found", or "no weights file" while the weights
+    are moved too), and the old files in a hidden `.*.replaced` directory inside `target`.
     """
     target = Path(target).expanduser().resolve()
     if target.exists() and not target.is_dir():

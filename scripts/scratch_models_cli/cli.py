@@ -19,34 +19,52 @@ WHERE = "a hub id, a local directory, a weights file or a sharded index"
 MODEL = f"a checkpoint: `minilm` (the embedded real all-MiniLM-L6-v2, offline), {WHERE}"
 # the families whose LM head continues a text (generate), and those whose LM head fills in masks (fill-mask)
 CAUSAL = " or ".join(family.title for family in FAMILIES.values() if family.causal)
-MASKED = " or ".join(family.title for family in FAMILIES.values() if family.targets.get(family.lm.__name__) == "mlm")
-LM_EXAMPLES = ", ".join(family.lm_checkpoint for family in FAMILIES.values() if family.lm_checkpoint)
+MASKED_FAMILIES = [family for family in FAMILIES.values() if family.targets.get(family.lm.__name__) == "mlm"]
+MASKED = " or ".join(family.title for family in MASKED_FAMILIES)
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, with a suggestion for a mistyped command, flag or choice (Python 3.14's suggest_on_error does the
     first and the last), and a pointer to quoting for words left over from an unquoted text."""
 
+    def add_argument(self, *names, **kwargs):
+        self.flags = [*getattr(self, "flags", []), *(name for name in names if name.startswith("-"))]
+        return super().add_argument(*names, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)  # what error() looks through for typos
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
         found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if found:
             close = difflib.get_close_matches(found[1], re.findall(r"'([^']*)'", found[2]), n=1)
             message += f"; did you mean {close[0]!r}?" if close else ""
+        missing = re.fullmatch(r"the following arguments are required: (.*)", message)
+        if missing:  # a required flag mistyped is missing, and its typo left over
+            typos = [word for word in self.given if word.startswith("-")  # neither a flag nor its abbreviation
+                     and not any(flag.startswith(word.partition("=")[0]) for flag in self.flags)]
+            message += "".join(f" ({word}: did you mean {close}?)" for word in typos
+                               if (close := _close_flag(word, missing[1].split(", "))))
         super().error(message)
 
     def parse_args(self, args=None, namespace=None):
         args, extra = self.parse_known_args(args, namespace)
         if extra:
             command = self.commands.choices[args.command]
-            flags = [flag for action in command._actions for flag in action.option_strings]
-            hints = []
-            for word in extra:
-                close = difflib.get_close_matches(word.partition("=")[0], flags, n=1) if word.startswith("-") else []
-                hints += [f"did you mean {close[0]}?"] if close else []
+            hints = [f"did you mean {close}?" for word in extra if (close := _close_flag(word, command.flags))]
             if any(not word.startswith("-") for word in extra):
                 hints.append("quote a text that has spaces")
             command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else ""))
         return args
+
+
+def _close_flag(word: str, flags: list[str]) -> str | None:
+    """The flag of `flags` that `word` (--flag or --flag=value) is or most resembles; None when none is close."""
+    if not word.startswith("-"):
+        return None
+    close = difflib.get_close_matches(word.partition("=")[0], flags, n=1)
+    return close[0] if close else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = commands.add_parser("fill-mask", help="top tokens for each mask token in a text")
     p.add_argument("model", help=f"a {MASKED} checkpoint with its masked-LM head ({WHERE}), such as "
-                                 f"{LM_EXAMPLES.split(', ')[0]}")
+                                 f"{' or '.join(family.lm_checkpoint for family in MASKED_FAMILIES)}")
     p.add_argument("text", help="text with one or more mask tokens, e.g. 'Paris is the [MASK] of France.'")
     p.add_argument("--top-k", type=int, default=5)
 

@@ -118,6 +118,11 @@ def test_an_empty_pair_of_one_text_is_none_as_in_transformers(tmp_path, capsys):
                                        "'float16', 'bfloat16'); did you mean 'float16'?"),
     (["heads", "minilm", "x", "--out", "o", "--target", "nxt"], "did you mean 'next'?"),
     (["verify", "--zzz"], "scratch-models verify: error: unrecognized arguments: --zzz\n"),
+    (["inspect", "x", "--ot", "d"], "scratch-models inspect: error: the following arguments are required: --out "
+                                    "(--ot: did you mean --out?)\n"),
+    (["patch", "minilm", "--clen", "a", "--corrupted", "b", "--out", "d"],
+     "the following arguments are required: --clean (--clen: did you mean --clean?)\n"),
+    (["verify", "--hlp"], "unrecognized arguments: --hlp (did you mean --help?)"),
 ])
 def test_a_typo_gets_the_close_flag_command_or_choice(capsys, argv, message):
     with pytest.raises(SystemExit) as exit:
