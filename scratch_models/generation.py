@@ -27,6 +27,11 @@ class KVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
 
+    @property
+    def batch_size(self) -> int | None:
+        """Rows held, or None before the first write."""
+        return None if self.keys[0] is None else self.keys[0].shape[0]
+
     def check_fits(self, num_layers: int, batch: int, num_heads: int, head_dim: int) -> None:
         """A ValueError, naming both sides, when this cache was not filled by a model like the one about to read
         it: another layer count, batch size or head layout, each of which would fail deep inside attention with a
