@@ -6,15 +6,12 @@ not implement (relative positions, a decoder BERT, cross-attention) are refused 
 """
 
 import dataclasses
-import json
 import math
 import reprlib
 import types
-from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A config.json that is missing, unreadable, or describes a model we do not build."""
+# defined beside the checkpoint readers, which read config.json
+from weight_mapping import ConfigError, read_config_json
 
 
 # Sizes far past any model of these families: a config beyond them is a typo or a hostile file, refused here
@@ -62,18 +59,7 @@ class ModelConfig:
 
     @classmethod
     def from_json_file(cls, path) -> "ModelConfig":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config.json not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read config.json ({type(e).__name__}: {e})") from None
-        try:
-            raw = json.loads(text)
-        except (ValueError, RecursionError) as e:  # also an integer of over 4300 digits, and deep nesting
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config_json(path), source=str(path))
 
     @classmethod
     def fixed_settings(cls) -> dict:

@@ -103,12 +103,8 @@ class CausalDecoder(PretrainedModel):
         if not isinstance(past_key_values, KVCache):
             raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
                              f"got {type(past_key_values).__name__}")
-        if len(past_key_values.keys) != len(self.layers):
-            raise ValueError(f"past_key_values holds {len(past_key_values.keys)} layers, and this model has "
-                             f"{len(self.layers)}: a cache belongs to the model that filled it")
-        if past_key_values.batch_size not in (None, batch):
-            raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds "
-                             f"{past_key_values.batch_size} rows")
+        attn = self.layers[0].attn
+        past_key_values.check_fits(len(self.layers), batch, attn.num_heads, attn.head_dim)
         return past_key_values
 
     @property

@@ -6,13 +6,12 @@ A family is a package `scratch_models/<name>/` whose `FAMILY` is listed in `scra
 """
 
 import dataclasses
-import json
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from weight_mapping import CheckpointError, MappingTable
+from weight_mapping import ConfigError, MappingTable
 
 
 class ResidualStream:
@@ -147,6 +146,12 @@ class Family:
     summary: str = ""  # how the family's residual stream reads, for docs/hook_names.md
     # hook name ("{i}" for the layer) -> the transformers output field that holds the same tensor (tested)
     output_fields: dict = dataclasses.field(default_factory=dict)
+    # a hub id of a pretrained checkpoint with the `lm` head (bert-base-uncased, gpt2): where a message points
+    # someone whose checkpoint lacks that head
+    lm_checkpoint: str = ""
+    # our class name -> what the command line's classify reads from its output: "labels" (a score per label),
+    # "tokens" (a label per token), "span" (a question's answer in a context), "next_sentence" (BERT's NSP)
+    classifiers: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         for cls in (self.base, *self.heads):
@@ -188,9 +193,24 @@ class Family:
             raise ValueError(f"{what} is {length} tokens long; this model reads at most {limit} "
                              f"(config.json {self.positions_field}={limit}): shorten it")
 
+    def config_of(self, checkpoint):
+        """The checkpoint's config.json as the family's config. A config without model_type whose `architectures`
+        name only classes of other architectures (a RobertaModel's, say, whose weights have BERT's names) is
+        refused, naming them: it would load, and compute something else."""
+        raw = checkpoint.config_json
+        named = architectures(raw)
+        ours = [cls.__name__ for cls in self.classes]
+        if "model_type" not in raw and named and not set(named) & set(ours):
+            raise ConfigError(f"{checkpoint.config_path}: no model_type, and its architectures name "
+                              f"{', '.join(named)}, which is not a {self.title} class ({', '.join(ours)}): a "
+                              f"checkpoint of another architecture would load and compute something else. If it is "
+                              f"a {self.title} checkpoint, add \"model_type\": \"{self.name}\" to config.json")
+        return self.config_class.from_dict(raw, source=str(checkpoint.config_path))
+
     def missing_head_tensors(self, checkpoint, config, head: type) -> list[str]:
         """Checkpoint names of `head`'s own tensors (not tied ones) that the checkpoint lacks; all of them when
-        the config cannot build that head (BertForQuestionAnswering with other than 2 labels, say)."""
+        the config cannot build that head (BertForQuestionAnswering with other than 2 labels, say). `config`: the
+        checkpoint's (config_of)."""
         num_layers = getattr(config, self.table.layers_field)
         with torch.device("meta"):
             base_names = set(self.base(config).state_dict())
@@ -203,27 +223,25 @@ class Family:
         return [key for key, ours in self.table.tensor_names(num_layers).items()
                 if ours in head_names - base_names and key not in present]
 
-    def head_of(self, checkpoint, *, sequences_only: bool = False) -> type | None:
+    def head_of(self, checkpoint, config=None, *, sequences_only: bool = False) -> type | None:
         """Our class with the checkpoint's head: the class config.json's `architectures` names, if the file holds
         its tensors; else the first of `heads` whose tensors it holds all of; None for a base-model checkpoint.
-        `sequences_only`: no class whose inputs are [batch, choices, seq] (multiple choice)."""
-        config = self.config_class.from_json_file(checkpoint.config_path)
-        named = architectures(checkpoint.config_path)
+        `config`: the checkpoint's (config_of), when the caller has it. `sequences_only`: no class whose inputs
+        are [batch, choices, seq] (multiple choice)."""
+        config = self.config_of(checkpoint) if config is None else config
+        named = architectures(checkpoint.config_json)
         candidates = [head for head in self.heads if not (sequences_only and head.multiple_choice)]
         for head in sorted(candidates, key=lambda head: head.__name__ not in named):
             if not self.missing_head_tensors(checkpoint, config, head):
                 return head
         return None
 
-    def widest_model(self, checkpoint, *, sequences_only: bool = False) -> type:
+    def widest_model(self, checkpoint, config=None, *, sequences_only: bool = False) -> type:
         """Our class with the checkpoint's task head when it has one (see head_of), else the base class."""
-        return self.head_of(checkpoint, sequences_only=sequences_only) or self.base
+        return self.head_of(checkpoint, config, sequences_only=sequences_only) or self.base
 
 
-def architectures(config_path) -> list[str]:
+def architectures(config_json: dict) -> list[str]:
     """config.json's `architectures`: the class names transformers saved it from (none when absent)."""
-    try:
-        names = json.loads(config_path.read_text(encoding="utf-8")).get("architectures")
-    except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{config_path}: cannot read it as a JSON object ({e})") from None
+    names = config_json.get("architectures")
     return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []

@@ -32,6 +32,22 @@ class KVCache:
         """Rows held, or None before the first write."""
         return None if self.keys[0] is None else self.keys[0].shape[0]
 
+    def check_fits(self, num_layers: int, batch: int, num_heads: int, head_dim: int) -> None:
+        """A ValueError, naming both sides, when this cache was not filled by a model like the one about to read
+        it: another layer count, batch size or head layout, each of which would fail deep inside attention with a
+        bare IndexError or shape error. (Its dtype is left alone: under autocast it differs from the weights'.)"""
+        if len(self.keys) != num_layers:
+            raise ValueError(f"past_key_values holds {len(self.keys)} layers, but this model has {num_layers}: a "
+                             "cache serves the model that filled it")
+        held = self.keys[0] if self.keys else None
+        if held is None:
+            return
+        if held.shape[0] != batch:
+            raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds {held.shape[0]} rows")
+        if (held.shape[1], held.shape[3]) != (num_heads, head_dim):
+            raise ValueError(f"past_key_values holds {held.shape[1]} heads of size {held.shape[3]}, but this model "
+                             f"has {num_heads} of size {head_dim}: a cache serves the model that filled it")
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k, v [b, n, s, d] after the tokens held; return all keys and values [b, n, length + s, d].
 

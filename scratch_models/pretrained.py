@@ -59,9 +59,13 @@ class PretrainedModel(HookedModel):
         check_values(arguments, {name: self.table_size(name) for name in self.table_indices})
 
     @classmethod
-    def from_pretrained(cls, name_or_path, *, dtype: torch.dtype | str | None = None, device=None,
+    def from_pretrained(cls, name_or_path, *, config=None, dtype: torch.dtype | str | None = None, device=None,
                         **model_kwargs):
-        """Load a checkpoint: a hub id, a local directory, a weights file or a sharded index.
+        """Load a checkpoint: a hub id, a local directory, a weights file or a sharded index, or a
+        weight_mapping.Checkpoint already open (so that one command opens its checkpoint once).
+
+        `config`: the checkpoint's config (`cls.config_class`) where the caller has parsed it already, as
+        transformers' `config=`; by default config.json is read (see Family.config_of).
 
         `dtype`: cast floating-point weights while reading (default: as stored). `device`: where the weights go.
         `model_kwargs` go to the constructor; unset ones may be chosen to fit the checkpoint (see
@@ -74,11 +78,14 @@ class PretrainedModel(HookedModel):
         (with a warning), and so do we: the model is built untied, its `config.tie_word_embeddings` is False (and
         is saved so), and `loading_info.notes` says why.
         """
-        from weight_mapping import check_layer_count, load_state, open_checkpoint, tied_twins
+        from weight_mapping import Checkpoint, check_layer_count, load_state, open_checkpoint, tied_twins
 
         table = cls.mapping_table
-        checkpoint = open_checkpoint(name_or_path)
-        config = cls.config_class.from_json_file(checkpoint.config_path)
+        checkpoint = name_or_path if isinstance(name_or_path, Checkpoint) else open_checkpoint(name_or_path)
+        if config is None:
+            config = cls.family.config_of(checkpoint)
+        elif not isinstance(config, cls.config_class):
+            raise TypeError(f"config must be a {cls.config_class.__name__}, got {type(config).__name__}")
         check_layer_count(table, checkpoint, getattr(config, table.layers_field))
         tied = config.tie_word_embeddings
         twins = tied_twins(table, checkpoint) if tied else {}  # reads a pair only where the file holds both
@@ -94,8 +101,8 @@ class PretrainedModel(HookedModel):
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use
-        model.tokenizer = Tokenizer(checkpoint.directory, token_type_ids=cls.family.pairs)
-        logger.info("%s.from_pretrained(%s): %s", cls.__name__, name_or_path, info.summary())
+        model.tokenizer = Tokenizer(checkpoint, token_type_ids=cls.family.pairs)
+        logger.info("%s.from_pretrained(%s): %s", cls.__name__, checkpoint.source, info.summary())
         return model.eval()
 
     def save_pretrained(self, directory, *, legacy: bool = False, dtype: torch.dtype | str | None = None

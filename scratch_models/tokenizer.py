@@ -12,7 +12,8 @@ and padding settings are switched off, as transformers' tokenizer call leaves th
 
 GPT-2: no BOS is added by default, as transformers' GPT-2 tokenizer adds none (TransformerLens' to_tokens prepends
 one); `prepend_bos=True` adds it. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
-NoTokenizerJson (a ValueError) that says how to write tokenizer.json.
+NoTokenizerJson (a ValueError) that says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline
+built elsewhere (the command line builds one from such files with transformers' converters).
 """
 
 import json
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from weight_mapping import TOKENIZER_FILES, open_checkpoint
+from weight_mapping import TOKENIZER_FILES, Checkpoint, open_checkpoint
 
 SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
@@ -31,17 +32,22 @@ class NoTokenizerJson(ValueError):
 
 
 class Tokenizer:
-    """The tokenizer of the checkpoint at `name_or_path` (a directory, a weights file in one, `minilm` or a hub id).
+    """The tokenizer of the checkpoint at `name_or_path` (a directory, a weights file in one, `minilm`, a hub id, or
+    a weight_mapping.Checkpoint already open, whose config.json is then not read again).
 
     Its files are read on first use, so a model carries one at no cost (`model.tokenizer`); `from_pretrained` reads
     them at once. `token_type_ids`: return token types (BERT's segments) from `__call__`; None: when the checkpoint's
-    config.json sizes a table of them (`type_vocab_size`, as BERT's does). `backend` is the tokenizers.Tokenizer, and `special_ids` maps each role the
-    checkpoint names (bos, eos, unk, sep, pad, cls, mask) to its id."""
+    config.json sizes a table of them (`type_vocab_size`, as BERT's does). `backend` is the tokenizers.Tokenizer,
+    and `special_ids` maps each role the checkpoint names (bos, eos, unk, sep, pad, cls, mask) to its id."""
 
     def __init__(self, name_or_path, *, token_type_ids: bool | None = None):
-        self.source = name_or_path
         self._token_type_ids = token_type_ids
         self._loaded = None  # (backend, special_ids, token_type_ids) once read
+        if isinstance(name_or_path, Checkpoint):
+            # the directory and config.json's contents only: the open weight files stay with the checkpoint
+            self.source, self._opened = name_or_path.source, (name_or_path.directory, name_or_path.config_json)
+        else:
+            self.source, self._opened = name_or_path, None
 
     @classmethod
     def from_pretrained(cls, name_or_path, *, token_type_ids: bool | None = None) -> "Tokenizer":
@@ -50,6 +56,24 @@ class Tokenizer:
         weights (HF_HUB_OFFLINE is honoured)."""
         tokenizer = cls(name_or_path, token_type_ids=token_type_ids)
         tokenizer._load()
+        return tokenizer
+
+    @classmethod
+    def from_backend(cls, backend, special_ids: dict[str, int], *, token_type_ids: bool, source) -> "Tokenizer":
+        """A tokenizer around a tokenizers.Tokenizer built elsewhere, with its special tokens' ids by role (see
+        SPECIAL_ROLES); `source` names it in messages. Its truncation and padding are switched off, as in a file."""
+        unknown = sorted(set(special_ids) - set(SPECIAL_ROLES))
+        if unknown:
+            raise ValueError(f"special_ids: unknown role(s) {', '.join(unknown)}; the roles are "
+                             f"{', '.join(SPECIAL_ROLES)}")
+        size = backend.get_vocab_size(with_added_tokens=True)
+        for role, i in special_ids.items():
+            if not 0 <= i < size:
+                raise ValueError(f"{source}: the {role} token's id {i} is outside the vocabulary 0..{size - 1}")
+        backend.no_truncation()
+        backend.no_padding()
+        tokenizer = cls(source, token_type_ids=token_type_ids)
+        tokenizer._loaded = (backend, dict(special_ids), token_type_ids)
         return tokenizer
 
     @property
@@ -66,8 +90,21 @@ class Tokenizer:
 
     def _load(self):
         if self._loaded is None:  # two threads may both read the files; either result is the same
-            self._loaded = _read(self.source, self._token_type_ids)
+            directory, config_json = self._opened or (_directory(self.source), None)
+            self._loaded = _read(directory, self._token_type_ids, config_json, self.source)
         return self._loaded
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """role -> the special token's text, for each role in `special_ids` ({"mask": "[MASK]", ...})."""
+        return {role: self.backend.id_to_token(i) for role, i in self.special_ids.items()}
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """Every special token's text: those of the named roles and the vocabulary's other special tokens, as
+        transformers' all_special_tokens."""
+        added = [token.content for token in self.backend.get_added_tokens_decoder().values() if token.special]
+        return list(dict.fromkeys([*self.special_tokens.values(), *added]))
 
     @property
     def vocab_size(self) -> int:
@@ -77,8 +114,13 @@ class Tokenizer:
     def encode(self, text: str, pair: str | None = None, *, add_special_tokens: bool = True,
                prepend_bos: bool = False) -> list[int]:
         """The ids of one text (or sentence pair), special tokens as the checkpoint's template adds them."""
-        ids = self.backend.encode(text, pair, add_special_tokens=add_special_tokens).ids
+        ids = self.backend.encode(text, _one_pair(pair), add_special_tokens=add_special_tokens).ids
         return [self._bos()] + ids if prepend_bos else ids
+
+    def sequence_ids(self, text: str, pair: str | None = None) -> list[int | None]:
+        """For each token of `encode(text, pair)`: 0 for the text's tokens, 1 for the pair's, None for the special
+        tokens the template adds (transformers' BatchEncoding.sequence_ids)."""
+        return self.backend.encode(text, _one_pair(pair)).sequence_ids
 
     def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str = "right",
                  prepend_bos: bool = False, add_special_tokens: bool = True, device=None) -> dict[str, torch.Tensor]:
@@ -88,6 +130,8 @@ class Tokenizer:
         marks it either way."""
         if padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        if isinstance(text, str) and isinstance(pair, str):
+            pair = _one_pair(pair)
         texts = [text] if isinstance(text, str) else list(text)
         pairs = None if pair is None else [pair] if isinstance(pair, str) else list(pair)
         if not texts or not all(isinstance(t, str) for t in texts):
@@ -108,7 +152,8 @@ class Tokenizer:
                 batch[key].append(values + [padding] * fill if padding_side == "right" else [padding] * fill + values)
         if not self.token_type_ids:
             del batch["token_type_ids"]
-        return {key: torch.tensor(values, device=device) for key, values in batch.items()}
+        # dtype given: a batch of empty texts would otherwise come out as float
+        return {key: torch.tensor(values, dtype=torch.long, device=device) for key, values in batch.items()}
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """The text of a sequence of ids (special tokens kept unless skipped)."""
@@ -119,8 +164,10 @@ class Tokenizer:
         return [self.backend.decode([i], skip_special_tokens=False) for i in self._id_list(ids)]
 
     def _id_list(self, ids) -> list[int]:
-        """ids as a list of ints: a list, or a tensor of one axis (or [1, s]); an id outside the vocabulary, which
-        the tokenizers library would decode to nothing, is an error."""
+        """ids as a list of ints: one id, a list, or a tensor of one axis (or [1, s]); an id outside the vocabulary,
+        which the tokenizers library would decode to nothing, is an error."""
+        if isinstance(ids, int) or isinstance(ids, torch.Tensor) and ids.dim() == 0:
+            ids = [int(ids)]  # one id, as transformers' decode takes it (its TextStreamer passes one)
         if isinstance(ids, torch.Tensor):
             if ids.dim() == 2 and ids.shape[0] == 1:
                 ids = ids[0]
@@ -147,16 +194,23 @@ class Tokenizer:
                          "a pad nor an end-of-text token")
 
 
-def _read(name_or_path: str, token_type_ids: bool | None):
-    """(tokenizers.Tokenizer, special_ids, token_type_ids) from the checkpoint's files."""
+def _one_pair(pair: str | None) -> str | None:
+    """The second segment of one text: an empty one is none, as transformers' tokenizer reads a single text's pair
+    (by its truth value; in a batch, an empty pair is a segment of its own, [SEP] and all, there and here)."""
+    return pair or None
+
+
+def _read(directory: Path, token_type_ids: bool | None, config_json: dict | None, source):
+    """(tokenizers.Tokenizer, special_ids, token_type_ids) from the files in `directory`; `config_json`: config.json's
+    contents, when the caller has read it."""
     import tokenizers
 
-    files = _files(name_or_path)
+    files = {name: directory / name for name in TOKENIZER_FILES if (directory / name).is_file()}
     path = files.get("tokenizer.json")
     if path is None:
         found = [name for name in VOCAB_FILES if name in files]
         has = f"only {', '.join(found)}" if found else "no tokenizer files"
-        raise NoTokenizerJson(f"{name_or_path}: no tokenizer.json ({has}); scratch_models reads tokenizer.json, the "
+        raise NoTokenizerJson(f"{source}: no tokenizer.json ({has}); scratch_models reads tokenizer.json, the "
                               "`tokenizers` library's file. Write one once with transformers: "
                               "AutoTokenizer.from_pretrained(directory).save_pretrained(directory)")
     try:
@@ -166,24 +220,25 @@ def _read(name_or_path: str, token_type_ids: bool | None):
     # transformers' tokenizer call leaves the file's truncation and padding off unless asked
     backend.no_truncation()
     backend.no_padding()
-    configs = {name: _json(files[name]) for name in ("tokenizer_config.json", "special_tokens_map.json",
-                                                     "config.json") if name in files}
+    configs = {name: _json(files[name]) for name in ("tokenizer_config.json", "special_tokens_map.json")
+               if name in files}
+    # config.json: token types, GPT-2's special token ids
+    if config_json is None and (directory / "config.json").is_file():
+        config_json = _json(directory / "config.json")
+    configs["config.json"] = config_json or {}
     if token_type_ids is None:
         # the model reads token types when its config sizes a table of them (BERT's type_vocab_size)
-        token_type_ids = "type_vocab_size" in configs.get("config.json", {})
+        token_type_ids = "type_vocab_size" in configs["config.json"]
     return backend, _special_ids(backend, configs, path), token_type_ids
 
 
-def _files(name_or_path) -> dict[str, Path]:
-    """The tokenizer's files of a local checkpoint, or of `minilm` or a hub id (whose tokenizer files
-    weight_mapping.open_checkpoint fetches with the weights): name -> path."""
+def _directory(name_or_path) -> Path:
+    """The directory of a local checkpoint, or of `minilm` or a hub id (whose tokenizer files
+    weight_mapping.open_checkpoint fetches with the weights)."""
     path = Path(name_or_path).expanduser()
     if path.exists():
-        directory = path if path.is_dir() else path.parent
-    else:
-        directory = open_checkpoint(name_or_path).directory
-    wanted = (*TOKENIZER_FILES, "config.json")  # config.json: token types, GPT-2's special token ids
-    return {name: directory / name for name in wanted if (directory / name).is_file()}
+        return path if path.is_dir() else path.parent
+    return open_checkpoint(name_or_path).directory
 
 
 def _json(path: Path) -> dict:

@@ -12,6 +12,9 @@ import torch
 from .readers import Checkpoint, CheckpointError
 from .table import MappingTable
 
+# the floating-point dtypes a model computes in as stored; others (float8) load only when cast (`dtype`)
+COMPUTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
 
 @dataclasses.dataclass
 class LoadingInfo:
@@ -60,8 +63,9 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
     PretrainedModel.from_pretrained). `twins`: tied_twins(table, checkpoint), where the caller has it already.
 
     Raises CheckpointError listing every missing, unexpected or mis-shaped tensor, or naming a tensor that is not
-    floating point; nothing is returned then. Without `dtype`, every tensor must be stored in the same dtype
-    (a model of mixed dtypes would fail at its first matmul).
+    floating point or (without `dtype`) is stored in a dtype no forward pass computes in (float8); nothing is
+    returned then. Without `dtype`, every tensor must be stored in the same dtype (a model of mixed dtypes would
+    fail at its first matmul).
     """
     ours_by_checkpoint = table.tensor_names(num_layers)
     skipped = table.ignored_keys(num_layers)
@@ -120,6 +124,10 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         if not tensor.is_floating_point():
             raise CheckpointError(f"{checkpoint.source}: tensor {key!r} has dtype {tensor.dtype}; "
                                   f"{model_name} needs floating-point weights")
+        if dtype is None and tensor.dtype not in COMPUTED_DTYPES:
+            raise CheckpointError(f"{checkpoint.source}: tensor {key!r} is stored as {tensor.dtype}, which torch "
+                                  "stores but does not compute a forward pass in; pass dtype= (--dtype) to cast the "
+                                  "weights while loading, e.g. to float32")
         stored.setdefault(tensor.dtype, key)
         if dtype is not None:
             tensor = tensor.to(dtype)

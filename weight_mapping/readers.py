@@ -39,6 +39,28 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be found, read, or fitted to the model; the message names the culprit."""
 
 
+class ConfigError(ValueError):
+    """A config.json that is missing, unreadable, or describes a model we do not build."""
+
+
+def read_config_json(path) -> dict:
+    """config.json as a dict; a ConfigError names the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config.json not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read config.json ({type(e).__name__}: {e})") from None
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as e:  # also an integer of over 4300 digits, and deep nesting
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
 @dataclasses.dataclass
 class Checkpoint:
     source: str  # what the caller asked for
@@ -54,6 +76,12 @@ class Checkpoint:
 
     def keys(self) -> list[str]:
         return list(self.where)
+
+    @functools.cached_property
+    def config_json(self) -> dict:
+        """config.json as a dict, read once: whoever needs it (the family, the config, the tokenizer's special
+        tokens) reads it from here."""
+        return read_config_json(self.config_path)
 
     @property
     def tokenizer_files(self) -> list[Path]:
@@ -205,6 +233,18 @@ def _torch_load(path: Path):
 
 def _looks_like_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and not name.endswith((".bin", ".safetensors", ".json"))
+
+
+def looks_like_checkpoint(name: str) -> bool:
+    """Whether `name` reads as a checkpoint rather than as a text, without opening anything: an existing path,
+    `minilm`, a hub id with its owner ("org/model"), or one whose config.json is in the local Hugging Face cache."""
+    if Path(name).expanduser().exists() or name.lower() == EMBEDDED_NAME:
+        return True
+    if not _looks_like_hub_id(name):
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    return "/" in name or isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
 def _from_hub(repo_id: str) -> tuple[Path, Path, str]:

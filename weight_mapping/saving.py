@@ -61,6 +61,7 @@ def write_checkpoint(directory, config: dict, tensors: dict[str, torch.Tensor]) 
     from safetensors.torch import save_file
 
     directory = Path(directory).expanduser()
+    check_replaceable(directory, [CONFIG_FILE, WEIGHTS_FILE])  # before the work, which `staged` checks after
     with staged(directory) as staging:
         try:
             # safetensors wants dense CPU tensors; metadata as transformers writes it (it checks "format")
@@ -81,10 +82,11 @@ def staged(target):
     Staging inside `target` keeps every move on one file system (`target` may be a mount point) and never writes
     to its parent (which may be read-only when `target` exists). If the block fails, the staging directory, and
     `target` itself if this call created it, are removed: `target` is as it was. If a move fails, the moves done
-    are undone. The moves take the old config.json out first and put the new one in last, so a config.json in
-    `target` always sits beside the files written with it: a save cut short between moves (power lost, process
-    killed) leaves `target` without config.json, which loading refuses ("config.json not found", or "no weights
-    file" while the weights are moved too), and the old files in a hidden `.*.replaced` directory inside `target`.
+    are undone; a directory of a new file's name is never replaced (IsADirectoryError, nothing moved). The moves
+    take the old config.json out first and put the new one in last, so a config.json in `target` always sits
+    beside the files written with it: a save cut short between moves (power lost, process killed) leaves `target`
+    without config.json, which loading refuses ("config.json not found", or "no weights file" while the weights
+    are moved too), and the old files in a hidden `.*.replaced` directory inside `target`.
     """
     target = Path(target).expanduser().resolve()
     if target.exists() and not target.is_dir():
@@ -106,10 +108,22 @@ def staged(target):
     staging.rmdir()
 
 
+def check_replaceable(target: Path, names) -> None:
+    """An IsADirectoryError when `target` holds a directory under one of `names`: replacing it with a file would
+    delete everything in it."""
+    for name in names:
+        path = Path(target).expanduser() / name
+        if path.is_dir() and not path.is_symlink():  # a link is replaced, and what it points to left alone
+            raise IsADirectoryError(f"{path}: is a directory; writing the file {name} there would replace it and "
+                                    "delete what it holds: move it away, or write elsewhere")
+
+
 def _move_in(staging: Path, target: Path) -> None:
     """Move the files of `staging` into `target`: the old ones of the same names aside (config.json first), then
-    the new ones in (config.json last). On an error, what was moved goes back, and the error is raised."""
+    the new ones in (config.json last). On an error, what was moved goes back, and the error is raised. A directory
+    in `target` of a new file's name is an error before anything moves (see check_replaceable)."""
     new = sorted(staging.iterdir(), key=lambda file: file.name == CONFIG_FILE)
+    check_replaceable(target, [file.name for file in new])
     old = [file.name for file in reversed(new) if os.path.lexists(target / file.name)]
     aside = staging.with_suffix(".replaced")
     if old:

@@ -21,7 +21,7 @@ class BertConfig(ModelConfig):
     layer_norm_eps: float = 1e-12
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
-    pad_token_id: int = 0
+    pad_token_id: int | None = 0  # the word embedding row that gets no gradient (null: none, as transformers)
     # the MLM decoder scores against the word embeddings (tied); false: it has a matrix and bias of its own
     tie_word_embeddings: bool = True
     # task heads, as transformers' PretrainedConfig has them: the classes of a classifier (see num_labels), how its
@@ -48,6 +48,10 @@ class BertConfig(ModelConfig):
         if self.classifier_dropout is not None:
             require_probability(self, source, "classifier_dropout")
         require_problem_type(self, source)
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(f"{source}: field 'pad_token_id' is {self.pad_token_id}, outside the vocabulary "
+                              f"0..{self.vocab_size - 1} (vocab_size {self.vocab_size}); null if there is no padding "
+                              "token")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{source}: hidden_size {self.hidden_size} is not divisible by "

@@ -60,6 +60,8 @@ FAMILY = Family(
     causal=False,
     targets={"BertForMaskedLM": "mlm", "BertForPreTraining": "mlm", "BertForSequenceClassification": "class",
              "BertForNextSentencePrediction": "class", "BertModel": "pooler"},
+    classifiers={"BertForSequenceClassification": "labels", "BertForTokenClassification": "tokens",
+                 "BertForQuestionAnswering": "span", "BertForNextSentencePrediction": "next_sentence"},
     default_texts=("The cat sat on the warm mat.", "Time flies like an arrow."),
     default_pairs=("It purred.", "Fruit flies like a banana, and a banana is ripe in June."),
     tiny_config=dict(vocab_size=37, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
@@ -80,4 +82,5 @@ each LayerNorm, `layers.{i}.attn.resid` and `layers.{i}.mlp.resid`, are never re
         "start_logits": "start_logits",
         "end_logits": "end_logits",
     },
+    lm_checkpoint="bert-base-uncased",
 )

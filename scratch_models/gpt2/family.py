@@ -27,6 +27,8 @@ FAMILY = Family(
     positions_field="n_positions",
     causal=True,
     targets={"GPT2LMHeadModel": "next", "GPT2ForSequenceClassification": "class"},
+    classifiers={"GPT2ForSequenceClassification": "labels", "GPT2ForTokenClassification": "tokens",
+                 "GPT2ForQuestionAnswering": "span"},
     default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
     tiny_config=dict(vocab_size=37, n_positions=24, n_embd=48, n_layer=2, n_head=3, n_inner=37, bos_token_id=36,
                      eos_token_id=36),
@@ -46,4 +48,5 @@ final LayerNorm's output: `hidden_states[-1]` (and `GPT2Model`'s `last_hidden_st
         "end_logits": "end_logits",
         "mc_logits": "mc_logits",
     },
+    lm_checkpoint="gpt2",
 )

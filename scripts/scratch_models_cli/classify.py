@@ -10,14 +10,8 @@ import dataclasses
 
 import torch
 
-from weight_mapping import open_checkpoint
+from .common import Opened, at_least_one, encode, open_model
 
-from .common import at_least_one, family_of, require_tokenizer
-
-SEQUENCE = {"BertForSequenceClassification", "GPT2ForSequenceClassification"}
-TOKENS = {"BertForTokenClassification", "GPT2ForTokenClassification"}
-SPANS = {"BertForQuestionAnswering", "GPT2ForQuestionAnswering"}
-NEXT_SENTENCE = {"BertForNextSentencePrediction"}
 NSP_LABELS = ("B follows A", "B is random")  # class 0 / 1 of BERT's next-sentence head
 MAX_ANSWER = 30  # tokens: the span search's bound, as in the usual SQuAD post-processing
 
@@ -30,37 +24,35 @@ class Classification:
 
 
 def classify(model: str, text: str, *, pair: str | None = None, top_k: int | None = None) -> Classification:
-    checkpoint = open_checkpoint(model)
-    family = family_of(checkpoint)
-    head = family.head_of(checkpoint, sequences_only=True)
+    at_least_one("--top-k", top_k)
+    opened = open_model(model)
+    family = opened.family
+    head = opened.head(sequences_only=True)
     name = head.__name__ if head is not None else family.base.__name__
-    if name not in SEQUENCE | TOKENS | SPANS | NEXT_SENTENCE:
-        raise ValueError(f"{model}: its head is {name}, not a classifier (classify reads sequence, token and "
+    kind = family.classifiers.get(name)
+    if kind is None:
+        raise ValueError(f"{opened.source}: its head is {name}, not a classifier (classify reads sequence, token and "
                          "next-sentence classifiers and question answering; fill-mask and generate use LM heads)")
-    if name in SPANS and pair is None:
+    if kind == "span" and pair is None:
         raise ValueError(f"{name} answers a question from a context: give the question as the text and the "
                          "context as --pair")
-    if name not in SPANS:  # a question and its context are a pair in every family
-        family.check_pairs(None if pair is None else [pair])
-    at_least_one("--top-k", top_k)
-    tokenizer = require_tokenizer(checkpoint)
-    ours = head.from_pretrained(model)
-    batch = tokenizer(text, pair, return_tensors="pt")
-    inputs = {key: batch[key] for key in family.input_names if key in batch}
-    family.check_length(ours.config, inputs["input_ids"].shape[1], "the text" + (" with --pair" if pair else ""))
+    if kind != "span":  # a question and its context are a pair in every family
+        opened.family.check_pairs(None if pair is None else [pair])
+    inputs, tokens = encode(opened, text, pair, names=["the text" + (" with --pair" if pair else "")])
+    ours = opened.load(head)
     with torch.no_grad():
         out = ours(**inputs)
     config = ours.config
-    if name in SPANS:
-        return Classification(name, "span", [_best_span(tokenizer, batch, out.start_logits[0], out.end_logits[0])])
-    if name in TOKENS:
+    if kind == "span":
+        return Classification(name, "span", [_best_span(opened, text, pair, inputs, out.start_logits[0],
+                                                        out.end_logits[0])])
+    if kind == "tokens":
         probabilities = out.logits[0].softmax(-1)
         best = probabilities.max(-1)
-        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
         return Classification(name, "tokens", [(f"{token} {config.label(int(label))}", float(p)) for token, label, p
-                                               in zip(tokens, best.indices, best.values)])
+                                               in zip(tokens[0], best.indices, best.values)])
     logits = out.logits[0]
-    if name in NEXT_SENTENCE:
+    if kind == "next_sentence":
         labels, scores = NSP_LABELS, logits.softmax(-1)
     elif config.problem_type == "regression" or config.num_labels == 1:
         labels, scores = [config.label(i) for i in range(config.num_labels)], logits
@@ -72,19 +64,20 @@ def classify(model: str, text: str, *, pair: str | None = None, top_k: int | Non
     return Classification(name, "labels", rows[:top_k])
 
 
-def _best_span(tokenizer, batch, start: torch.Tensor, end: torch.Tensor) -> tuple[str, float]:
+def _best_span(opened: Opened, text: str, pair: str, inputs: dict, start: torch.Tensor, end: torch.Tensor
+               ) -> tuple[str, float]:
     """The context span (start <= end, at most MAX_ANSWER tokens) with the highest start + end score, and its
     probability under the start and end softmaxes."""
-    in_context = torch.tensor([segment == 1 for segment in batch.sequence_ids(0)])
+    in_context = torch.tensor([segment == 1 for segment in opened.tokenizer.sequence_ids(text, pair)])
     if not bool(in_context.any()):
-        raise ValueError("the context (--pair) holds no token after truncation")
+        raise ValueError("the context (--pair) holds no token")
     score = start[:, None] + end[None, :]  # [start, end]
     allowed = (in_context[:, None] & in_context[None, :]).triu() & ~torch.ones_like(score, dtype=torch.bool).triu(
         MAX_ANSWER)
     score = score.masked_fill(~allowed, float("-inf"))
     first, last = divmod(int(score.argmax()), score.shape[1])
     probability = float(start.softmax(-1)[first] * end.softmax(-1)[last])
-    return tokenizer.decode(batch["input_ids"][0, first:last + 1]), probability
+    return opened.tokenizer.decode(inputs["input_ids"][0, first:last + 1]), probability
 
 
 def format_classification(result: Classification) -> str:

@@ -4,22 +4,72 @@ transformers is imported inside the commands that need it, so `scratch-models --
 """
 
 import argparse
+import difflib
 import logging
+import re
 import sys
 
-from scratch_models import CheckpointError, ConfigError
+from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
-from .common import at_least_one
+from .common import at_least_one, check_writable_file
 from .targets import TARGETS
 
-MODEL = ("a checkpoint: `minilm` (the embedded real all-MiniLM-L6-v2, offline), a hub id, a local directory, a "
-         "weights file or a sharded index")
+WHERE = "a hub id, a local directory, a weights file or a sharded index"
+MODEL = f"a checkpoint: `minilm` (the embedded real all-MiniLM-L6-v2, offline), {WHERE}"
+# the families whose LM head continues a text (generate), and those whose LM head fills in masks (fill-mask)
+CAUSAL = " or ".join(family.title for family in FAMILIES.values() if family.causal)
+MASKED_FAMILIES = [family for family in FAMILIES.values() if family.targets.get(family.lm.__name__) == "mlm"]
+MASKED = " or ".join(family.title for family in MASKED_FAMILIES)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a suggestion for a mistyped command, flag or choice (Python 3.14's suggest_on_error does the
+    first and the last), and a pointer to quoting for words left over from an unquoted text."""
+
+    def add_argument(self, *names, **kwargs):
+        self.flags = [*getattr(self, "flags", []), *(name for name in names if name.startswith("-"))]
+        return super().add_argument(*names, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)  # what error() looks through for typos
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message):
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            close = difflib.get_close_matches(found[1], re.findall(r"'([^']*)'", found[2]), n=1)
+            message += f"; did you mean {close[0]!r}?" if close else ""
+        missing = re.fullmatch(r"the following arguments are required: (.*)", message)
+        if missing:  # a required flag mistyped is missing, and its typo left over
+            typos = [word for word in self.given if word.startswith("-")  # neither a flag nor its abbreviation
+                     and not any(flag.startswith(word.partition("=")[0]) for flag in self.flags)]
+            message += "".join(f" ({word}: did you mean {close}?)" for word in typos
+                               if (close := _close_flag(word, missing[1].split(", "))))
+        super().error(message)
+
+    def parse_args(self, args=None, namespace=None):
+        args, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = self.commands.choices[args.command]
+            hints = [f"did you mean {close}?" for word in extra if (close := _close_flag(word, command.flags))]
+            if any(not word.startswith("-") for word in extra):
+                hints.append("quote a text that has spaces")
+            command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else ""))
+        return args
+
+
+def _close_flag(word: str, flags: list[str]) -> str | None:
+    """The flag of `flags` that `word` (--flag or --flag=value) is or most resembles; None when none is close."""
+    if not word.startswith("-"):
+        return None
+    close = difflib.get_close_matches(word.partition("=")[0], flags, n=1)
+    return close[0] if close else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scratch-models", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="scratch-models", description=__doc__.splitlines()[0])
+    commands = parser.commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("verify", help="compare our model with transformers, layer by layer")
     p.add_argument("model", nargs="?", help=f"{MODEL}; default: minilm")
@@ -31,20 +81,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="feed each of our layers transformers' input to that layer, so each layer is judged alone")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
 
-    p = commands.add_parser("fill-mask", help="top tokens for each [MASK] in a text")
-    p.add_argument("model", help=f"{MODEL}, with a masked-LM head")
+    p = commands.add_parser("fill-mask", help="top tokens for each mask token in a text")
+    p.add_argument("model", help=f"a {MASKED} checkpoint with its masked-LM head ({WHERE}), such as "
+                                 f"{' or '.join(family.lm_checkpoint for family in MASKED_FAMILIES)}")
     p.add_argument("text", help="text with one or more mask tokens, e.g. 'Paris is the [MASK] of France.'")
     p.add_argument("--top-k", type=int, default=5)
 
     p = commands.add_parser("classify", help="what a fine-tuned checkpoint's head says: labels with "
                                              "probabilities, a label per token, or an answer span")
-    p.add_argument("model", help=f"{MODEL}, with a classification or question-answering head")
+    p.add_argument("model", help=f"a checkpoint with a classification or question-answering head ({WHERE})")
     p.add_argument("text", help="the text (for question answering: the question)")
     p.add_argument("--pair", help="second segment (for question answering: the context)")
     p.add_argument("--top-k", type=int, help="show only the best K labels")
 
-    p = commands.add_parser("generate", help="continue a prompt with GPT-2, printing tokens as they come")
-    p.add_argument("model", help=f"{MODEL}, a GPT-2 one")
+    p = commands.add_parser("generate", help=f"continue a prompt with a causal language model ({CAUSAL}), printing "
+                                             "tokens as they come")
+    p.add_argument("model", help=f"a {CAUSAL} checkpoint ({WHERE})")
     p.add_argument("prompt")
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--do-sample", action="store_true", help="sample instead of taking the most likely token")
@@ -59,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                             usage="scratch-models inspect [MODEL] TEXT [--pair TEXT] --out DIR [options]")
     p.add_argument("model_and_text", nargs="+", metavar="[MODEL] TEXT",
                    help=f"{MODEL} (default: minilm), then the text")
-    p.add_argument("--pair", help="second segment of a sentence pair (BERT)")
+    p.add_argument("--pair", help="second segment of a sentence pair (families with token types)")
     p.add_argument("--out", required=True, help="directory for attention.html, the PNGs and the summary")
     p.add_argument("--layer", type=int, default=0, help="layer of the head view and the head PNG")
     p.add_argument("--head", type=int, default=0, help="head of the head PNG and the neuron view")
@@ -71,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = commands.add_parser("lens", help="logit lens: the most likely token at every layer and position, as a "
                                          "table and a heatmap")
-    p.add_argument("model", help=f"{MODEL}: GPT-2, or a BERT with its masked-LM head")
+    p.add_argument("model", help=f"a checkpoint with its LM head ({WHERE}): {CAUSAL}, or {MASKED} with its "
+                                 "masked-LM head")
     p.add_argument("text")
     p.add_argument("--out", required=True, help="directory for lens.txt, lens.json and lens.png")
     p.add_argument("--top-k", type=int, default=3, help="tokens per cell in lens.json")
@@ -132,6 +185,8 @@ def _sweep_options(p, files: str, rows: str):
 def _verify(args) -> int:
     from .verify import verify, write_json
 
+    if args.json:
+        check_writable_file("--json", args.json)
     report = verify(args.model, texts=args.text, pairs=args.pair, device=args.device, dtype=args.dtype,
                     isolate=args.isolate)
     print(report.format())
@@ -161,30 +216,28 @@ def _generate(args) -> int:
     import torch
     from transformers import TextStreamer
 
-    from weight_mapping import open_checkpoint
-
-    from .common import family_of, require_tokenizer
+    from .common import encode, open_model, require_device
 
     _check_generate_flags(args)
-    checkpoint = open_checkpoint(args.model)
-    family = family_of(checkpoint)
+    require_device(args.device)
+    opened = open_model(args.model)
+    family = opened.family
     if not family.causal:
-        raise ValueError(f"{args.model}: generate continues a text with a causal language model; this is a "
-                         f"{family.name} checkpoint (fill-mask fills in a masked language model's masks)")
-    tokenizer = require_tokenizer(checkpoint)
-    lm = family.lm.from_pretrained(args.model, dtype=args.dtype, device=args.device)
-    input_ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"].to(args.device)
-    prompt, limit = input_ids.shape[1], getattr(lm.config, family.positions_field)
-    family.check_length(lm.config, prompt, "the prompt")
+        raise ValueError(f"{opened.source}: generate continues a text with a causal language model ({CAUSAL}); this "
+                         f"is a {family.title} checkpoint (fill-mask fills in a masked language model's masks)")
+    input_ids = encode(opened, args.prompt, names=["the prompt"], device=args.device)[0]["input_ids"]
+    prompt, limit = input_ids.shape[1], getattr(opened.config, family.positions_field)
     if prompt + args.max_new_tokens > limit:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt's {prompt} tokens and "
                          f"{args.max_new_tokens} new ones need {prompt + args.max_new_tokens} positions; this model "
                          f"has {family.positions_field}={limit}, so at most {limit - prompt} new tokens fit after "
                          "this prompt")
+    lm = opened.load(family.lm, dtype=args.dtype, device=args.device)
     generator = torch.Generator(args.device).manual_seed(args.seed)
+    # transformers' streamer decodes with whatever tokenizer it is given: here the command's own
     lm.generate(input_ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
-                streamer=TextStreamer(tokenizer))
+                streamer=TextStreamer(opened.tokenizer))
     return 0
 
 
@@ -207,18 +260,8 @@ def _check_generate_flags(args) -> None:
 def _inspect(args) -> int:
     from .inspect_cmd import inspect
 
-    from weight_mapping import open_checkpoint
-
-    *model, text = args.model_and_text
-    if model:
-        try:
-            open_checkpoint(model[0])
-        except CheckpointError as e:
-            # an unquoted text reads as MODEL TEXT: say so beside why the first word is no checkpoint
-            raise CheckpointError(f"{e}\n(inspect takes [MODEL] TEXT: if {' '.join(args.model_and_text)!r} is the "
-                                  "text, quote it)") from None
-    result = inspect(model[0] if model else None, text, pair=args.pair, out=args.out, layer=args.layer,
-                     head=args.head, token=args.token, window=args.window, device=args.device)
+    result = inspect(_inspected(args.model_and_text), args.model_and_text[-1], pair=args.pair, out=args.out,
+                     layer=args.layer, head=args.head, token=args.token, window=args.window, device=args.device)
     print(f"inspect {result.model}: {len(result.tokens)} tokens: {' '.join(result.tokens)}")
     for path in result.files:
         print(f"  wrote {path}")
@@ -228,6 +271,28 @@ def _inspect(args) -> int:
         print(f"  attention.html: {result.notice}")
     print(f"  in {result.seconds:.1f} s")
     return 0
+
+
+def _inspected(model_and_text: list[str]):
+    """The checkpoint of `inspect [MODEL] TEXT`, opened (None: minilm). An unquoted text (read as MODEL TEXT) and a
+    checkpoint given without its text (read as the TEXT) are each pointed out."""
+    from weight_mapping import looks_like_checkpoint
+
+    from .common import open_model
+
+    *model, text = model_and_text
+    if not model:
+        if looks_like_checkpoint(text):
+            raise ValueError(f"{text!r} names a checkpoint, and no text follows it: give the text too (inspect "
+                             f"{text} TEXT); to inspect {text!r} as a text, name the model before it (inspect minilm "
+                             f"{text!r})")
+        return None
+    try:
+        return open_model(model[0])
+    except CheckpointError as e:
+        # an unquoted text reads as MODEL TEXT: say so beside why the first word is no checkpoint
+        raise CheckpointError(f"{e}\n(inspect takes [MODEL] TEXT: if {' '.join(model_and_text)!r} is the text, quote "
+                              "it)") from None
 
 
 def _window(text: str) -> tuple[int, int]:

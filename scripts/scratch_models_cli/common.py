@@ -1,14 +1,27 @@
-"""What the commands share: a family's inputs from texts (with transformers' tokenizers), flag checks, wording."""
+"""What the commands share: a checkpoint opened once (`Opened`), its tokenizer, texts as a family's inputs, flag
+checks, wording.
+
+Every command names the model as the user gave it (`Opened.source`, `minilm` when left out), in what it prints,
+in the files it writes and in its errors.
+"""
 
 import contextlib
+import dataclasses
+import functools
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
 from scratch_models.analysis.heads import token_groups
-from scratch_models.families import family_of_config
-from weight_mapping import CheckpointError
+from scratch_models.families import family_of
+from scratch_models.family import Family
+from scratch_models.tokenizer import SPECIAL_ROLES, Tokenizer
+from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, open_checkpoint
+
+# a tokenizer needs one of these (the others beside it only configure it)
+TOKENIZER_VOCABULARIES = ("tokenizer.json", "vocab.txt", "vocab.json")
 
 
 @contextlib.contextmanager
@@ -32,99 +45,102 @@ def quiet_transformers():
             logging.enable_progress_bar()
 
 
-def encode(family, checkpoint, config, texts, pairs) -> tuple[dict, list[str]]:
-    """Tokenized texts (or `family`'s default ones) as model inputs, and lines that say what they are.
-    Without a tokenizer beside the checkpoint: random token ids, unless texts were given (an error then)."""
-    tokenizer = load_tokenizer(checkpoint)
-    if tokenizer is None:
-        if texts or pairs:
-            raise CheckpointError(f"--text: {checkpoint.source} has no tokenizer ({no_tokenizer(checkpoint)}), so "
-                                  "its texts cannot become token ids; leave --text out to compare on random ids")
-        inputs = random_inputs(config, family.input_names)
-        return inputs, [f"{len(inputs['input_ids'])} rows of random token ids, the second padded "
-                        f"(no tokenizer: {no_tokenizer(checkpoint)})"]
-    if not texts:
-        if pairs:
-            raise ValueError("--pair needs --text: each pair is the second segment of one text")
-        texts, pairs = family.default_texts, family.default_pairs
-    family.check_pairs(pairs)
-    texts, pairs = list(texts), list(pairs) if pairs else None
-    if pairs is not None and len(pairs) != len(texts):
-        raise ValueError(f"--pair given {plural(len(pairs), 'time')} for {len(texts)} --text: give one pair per "
-                         "text")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    batch = tokenizer(texts, pairs, padding=True, return_tensors="pt")
-    lengths = batch["attention_mask"].sum(-1).tolist()
-    said = [quoted(text) + (f" + {quoted(pair)}" if pairs else "") for text, pair in zip(texts, pairs or texts)]
-    for line, length in zip(said, lengths):
-        family.check_length(config, length, f"--text {line}")
-    inputs = {name: batch[name] for name in family.input_names if name in batch}
-    padded = ", padded" if len(set(lengths)) > 1 else ""
-    what = plural(len(texts), "sentence pair") if pairs else plural(len(texts), "text")
-    return inputs, [f"{what}{padded}:"] + [f"  {i}. {line} ({length} tokens)"
-                                           for i, (line, length) in enumerate(zip(said, lengths), 1)]
+@dataclasses.dataclass
+class Opened:
+    """A checkpoint as one command reads it: its files opened once and its config.json parsed once; every model
+    the command builds and its tokenizer come from here."""
 
-def key_groups(family, tokenizer, tokens: list[list[str]], attention_mask: torch.Tensor) -> dict:
+    source: str  # as the user gave it: how every message names the model
+    checkpoint: Checkpoint
+    family: Family
+    config: object  # the family's config, from config.json
+
+    def load(self, cls: type, **kwargs):
+        """`cls.from_pretrained` on this checkpoint (`dtype`, `device`, ...)."""
+        return cls.from_pretrained(self.checkpoint, config=self.config, **kwargs)
+
+    def head(self, *, sequences_only: bool = False) -> type | None:
+        """Our class with the checkpoint's task head, None for a base-model checkpoint (Family.head_of)."""
+        return self.family.head_of(self.checkpoint, self.config, sequences_only=sequences_only)
+
+    def widest_model(self, *, sequences_only: bool = False) -> type:
+        return self.head(sequences_only=sequences_only) or self.family.base
+
+    def missing_head_tensors(self, head: type) -> list[str]:
+        return self.family.missing_head_tensors(self.checkpoint, self.config, head)
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer | None:
+        """The checkpoint's tokenizer (scratch_models.Tokenizer), None when none of TOKENIZER_VOCABULARIES is
+        beside it. tokenizer.json is read as the models read it; a checkpoint with only vocab files
+        (vocab.txt, or vocab.json + merges.txt) gets the same Tokenizer around the pipeline transformers'
+        converters build from them."""
+        names = {file.name for file in self.checkpoint.tokenizer_files}
+        if "tokenizer.json" in names:
+            return Tokenizer.from_pretrained(self.checkpoint, token_type_ids=self.family.pairs)
+        if not names & set(TOKENIZER_VOCABULARIES):
+            return None
+        from transformers import AutoTokenizer
+
+        converted = AutoTokenizer.from_pretrained(self.checkpoint.directory)
+        special = {role: getattr(converted, f"{role}_token_id") for role in SPECIAL_ROLES
+                   if getattr(converted, f"{role}_token_id", None) is not None}
+        return Tokenizer.from_backend(converted.backend_tokenizer, special, token_type_ids=self.family.pairs,
+                                      source=self.source)
+
+    def require_tokenizer(self) -> Tokenizer:
+        """`tokenizer` for a command that cannot work without one: a CheckpointError when there is none."""
+        if self.tokenizer is None:
+            raise CheckpointError(f"{self.source}: no tokenizer ({self.no_tokenizer()})")
+        return self.tokenizer
+
+    def no_tokenizer(self) -> str:
+        """Why the checkpoint has no tokenizer, in words."""
+        return f"none of {', '.join(TOKENIZER_VOCABULARIES)} in {self.checkpoint.directory}"
+
+    def mask_token(self) -> tuple[int, str]:
+        """(id, text) of the tokenizer's mask token; a ValueError when it names none."""
+        tokenizer = self.require_tokenizer()
+        if "mask" not in tokenizer.special_ids:
+            raise ValueError(f"{self.source}: its tokenizer names no mask token")
+        return tokenizer.special_ids["mask"], tokenizer.special_tokens["mask"]
+
+
+def open_model(source) -> Opened:
+    """Open `source` (default: the embedded minilm) once: its files, its family and its config. An `Opened` is
+    returned as it is."""
+    if isinstance(source, Opened):
+        return source
+    source = str(source or EMBEDDED_NAME)
+    checkpoint = open_checkpoint(source)
+    family = family_of(checkpoint)
+    return Opened(source, checkpoint, family, family.config_of(checkpoint))
+
+
+def encode(opened: Opened, texts: str | list[str], pairs: str | list[str] | None = None, *, names: list[str],
+           device="cpu") -> tuple[dict, list[list[str]]]:
+    """Texts (with `pairs`: sentence pairs) as the family's forward inputs, padded on the right, on `device`, and
+    each row's tokens as text. One text is a str, its pair a str or None (an empty pair is none, as transformers
+    reads one text); a batch is a list. `names[i]` is how a message names text i: one that gives no tokens, or
+    more than the model has positions for, is a ValueError naming it."""
+    opened.family.check_pairs([pairs] if isinstance(pairs, str) else pairs)
+    tokenizer = opened.require_tokenizer()
+    batch = tokenizer(texts, pairs, device=device)
+    for name, length in zip(names, batch["attention_mask"].sum(-1).tolist()):
+        if length == 0:
+            raise ValueError(f"{name} gives no tokens: give a text that does")
+        opened.family.check_length(opened.config, length, name)
+    inputs = {name: batch[name] for name in opened.family.input_names if name in batch}
+    return inputs, [tokenizer.str_tokens(row) for row in batch["input_ids"]]
+
+
+def key_groups(opened: Opened, tokens: list[list[str]], attention_mask: torch.Tensor) -> dict:
     """The keys Clark et al.'s shares are taken over, in a batch's rows of tokens: each special token that
     occurs (padding aside), punctuation, and in a causal model each row's first real token."""
-    special = [t for t in tokenizer.all_special_tokens if t != tokenizer.pad_token]
-    return token_groups(tokens, special, attention_mask, first_token=family.causal)
-
-
-def require_device(device: str) -> None:
-    """--device cuda where there is no CUDA device: a ValueError naming the flag."""
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-
-
-def at_least_one(flag: str, value: int | None) -> None:
-    """A ValueError naming `flag` when its value (None: not given) is below 1."""
-    if value is not None and value < 1:
-        raise ValueError(f"{flag} must be at least 1, got {value}")
-
-
-def written_files(staging: Path, out) -> list[Path]:
-    """The files a `staged(out)` block wrote into `staging`, as they are named once moved into `out`."""
-    return [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
-
-
-def quoted(text: str, limit: int = 80) -> str:
-    """repr(text), its middle cut out past `limit` characters: a message names a long text without repeating it."""
-    if len(text) <= limit:
-        return repr(text)
-    return repr(text[:limit // 2]) + f" ... ({len(text)} characters) ... " + repr(text[-limit // 4:])
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-# a tokenizer needs one of these (the others beside it only configure it)
-TOKENIZER_VOCABULARIES = ("tokenizer.json", "vocab.txt", "vocab.json")
-
-
-def load_tokenizer(checkpoint):
-    """The tokenizer beside the checkpoint (a hub id's files are fetched beside its weights); None when there is
-    none."""
-    from transformers import AutoTokenizer
-
-    if not any(file.name in TOKENIZER_VOCABULARIES for file in checkpoint.tokenizer_files):
-        return None
-    return AutoTokenizer.from_pretrained(checkpoint.directory)
-
-
-def no_tokenizer(checkpoint) -> str:
-    """Why a checkpoint has no tokenizer, in words."""
-    return f"none of {', '.join(TOKENIZER_VOCABULARIES)} in {checkpoint.directory}"
-
-
-def require_tokenizer(checkpoint):
-    """`load_tokenizer` for a command that cannot work without one: a CheckpointError when there is none."""
-    tokenizer = load_tokenizer(checkpoint)
-    if tokenizer is None:
-        raise CheckpointError(f"{checkpoint.source}: no tokenizer ({no_tokenizer(checkpoint)})")
-    return tokenizer
+    real = attention_mask.bool().tolist()
+    unpadded = [[token if keep else "" for token, keep in zip(row, mask)] for row, mask in zip(tokens, real)]
+    return token_groups(unpadded, opened.require_tokenizer().all_special_tokens, attention_mask,
+                        first_token=opened.family.causal)
 
 
 def random_inputs(config, input_names) -> dict:
@@ -143,6 +159,79 @@ def random_inputs(config, input_names) -> dict:
     return inputs
 
 
-def family_of(checkpoint):
-    """The family of a checkpoint (scratch_models.families), from its config.json."""
-    return family_of_config(checkpoint.config_path)
+def missing_head(opened: Opened, head: type, missing: list[str], command: str) -> str:
+    """One line for a command that needs `head` on a checkpoint without it: what is absent, a checkpoint that has
+    it, and what does work on this one."""
+    family, source = opened.family, opened.source
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    elsewhere = f", such as {family.lm_checkpoint} (fetched from the hub once)" if head is family.lm else ""
+    works = ["inspect", "verify"] + (["heads", "patch"] if family.base.__name__ in family.targets else [])
+    return (f"{source}: {command} reads {head.__name__}'s head, and this checkpoint has none ({missing[0]}{more} "
+            f"absent); give a checkpoint saved with it{elsewhere}. On {source} itself, "
+            f"{', '.join(works[:-1])} and {works[-1]} work")
+
+
+def require_device(device: str) -> None:
+    """--device cuda where there is no CUDA device: a ValueError naming the flag."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+
+
+def at_least_one(flag: str, value: int | None) -> None:
+    """A ValueError naming `flag` when its value (None: not given) is below 1."""
+    if value is not None and value < 1:
+        raise ValueError(f"{flag} must be at least 1, got {value}")
+
+
+def check_writable_directory(flag: str, directory) -> None:
+    """Before the work: an OSError naming `flag` when `directory` (which may not exist yet) could not be written,
+    so a long run does not end in a write error."""
+    path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {directory}: exists and is not a directory")
+    existing = next(parent for parent in (path, *path.parents) if parent.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{flag} {directory}: {existing} is a file, not a directory")
+    _probe(flag, directory, existing)
+
+
+def check_writable_file(flag: str, file) -> None:
+    """Before the work: an OSError naming `flag` when `file` could not be written (its directory missing or
+    read-only, or the path a directory). An existing file is left as it is."""
+    path = Path(file).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag} {file}: is a directory")
+    if not path.parent.is_dir():
+        problem = "is not a directory" if path.parent.exists() else "does not exist"
+        raise FileNotFoundError(f"{flag} {file}: {path.parent} {problem}")
+    _probe(flag, file, path.parent)
+    if path.exists():
+        try:
+            open(path, "a").close()  # appends nothing: the file stays as it is until the report is written
+        except OSError as e:
+            raise PermissionError(f"{flag} {file}: cannot be written ({e.strerror})") from None
+
+
+def _probe(flag: str, given, directory: Path) -> None:
+    """Create and remove a file in `directory`: the one test of writability that holds for every user and mount."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise PermissionError(f"{flag} {given}: cannot write into {directory} ({e.strerror})") from None
+
+
+def written_files(staging: Path, out) -> list[Path]:
+    """The files a `staged(out)` block wrote into `staging`, as they are named once moved into `out`."""
+    return [Path(out).expanduser() / name for name in sorted(f.name for f in staging.iterdir())]
+
+
+def quoted(text: str, limit: int = 80) -> str:
+    """repr(text), its middle cut out past `limit` characters: a message names a long text without repeating it."""
+    if len(text) <= limit:
+        return repr(text)
+    return repr(text[:limit // 2]) + f" ... ({len(text)} characters) ... " + repr(text[-limit // 4:])
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
-from weight_mapping import CheckpointError, open_checkpoint, staged
+from weight_mapping import CheckpointError, staged
 
-from .common import family_of
+from .common import check_writable_directory, open_model
 
 
 def convert(source: str, destination, *, dtype: str | None = None, legacy: bool = False) -> str:
@@ -19,10 +19,11 @@ def convert(source: str, destination, *, dtype: str | None = None, legacy: bool 
     destination = Path(destination).expanduser()
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise ValueError(f"{destination}: exists and is not an empty directory; convert writes a new one")
-    checkpoint = open_checkpoint(source)
-    family = family_of(checkpoint)
-    model_class = family.widest_model(checkpoint)
-    model = model_class.from_pretrained(source, dtype=dtype)
+    check_writable_directory("destination", destination)
+    opened = open_model(source)
+    checkpoint = opened.checkpoint
+    model_class = opened.widest_model()
+    model = opened.load(model_class, dtype=dtype)
     with staged(destination) as staging:
         files = model.save_pretrained(staging, legacy=legacy)
         _check_round_trip(model, model_class.from_pretrained(staging), destination)
@@ -30,7 +31,8 @@ def convert(source: str, destination, *, dtype: str | None = None, legacy: bool 
         tokenizer_files = [Path(shutil.copyfile(file, staging / file.name)) for file in checkpoint.tokenizer_files]
     state = model.state_dict()
     dtypes = ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}))
-    lines = [f"convert {source} -> {destination} as {model_class.__name__}{' (legacy layout)' if legacy else ''}"]
+    lines = [f"convert {opened.source} -> {destination} as {model_class.__name__}"
+             f"{' (legacy layout)' if legacy else ''}"]
     lines += [f"  {line}" for line in model.loading_info.summary().splitlines()]
     lines += [f"  wrote {destination / file.name}" for file in files]
     lines.append(f"  copied the tokenizer's {', '.join(file.name for file in tokenizer_files)}" if tokenizer_files

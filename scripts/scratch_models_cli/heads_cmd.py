@@ -25,7 +25,7 @@ from scratch_models.views.attention_page import AttentionPage
 from scratch_models.inspection import AttentionCapture, attention_names
 from weight_mapping import staged
 
-from .common import at_least_one, key_groups, plural, written_files
+from .common import at_least_one, check_writable_directory, key_groups, plural, written_files
 from .targets import answer_id, describe, encode, load, positions, predictions
 
 
@@ -41,6 +41,7 @@ def heads(model: str, texts: list[str], *, target: str | None = None, answer: st
           out: str | os.PathLike, batch_size: int, device: str = "cpu") -> HeadsResult:
     start = time.perf_counter()
     at_least_one("--batch-size", batch_size)
+    check_writable_directory("--out", out)
     loaded = load(model, target, device)
     inputs, tokens = encode(loaded, texts, device)
     at = positions(loaded, inputs, texts)
@@ -59,7 +60,7 @@ def heads(model: str, texts: list[str], *, target: str | None = None, answer: st
         what = f"{kind} of {chosen}" + ("" if answer is not None else " (the model's own prediction)")
         metric_class = TokenLogProb if loaded.target == "mlm" else TokenLogit
         metric = metric_class(answers.to(device), positions=at)
-    groups = key_groups(loaded.family, loaded.tokenizer, tokens, inputs["attention_mask"])
+    groups = key_groups(loaded.opened, tokens, inputs["attention_mask"])
     report = analyze_heads(loaded.model, inputs, metric, groups={k: v.to(device) for k, v in groups.items()},
                            target=what, batch_size=batch_size)
     title = f"{model}: {plural(len(texts), 'text')}"

@@ -25,9 +25,9 @@ from scratch_models.analysis.heads import AttentionSummary
 from scratch_models.views.attention_page import AttentionPage
 from scratch_models.views.attention_plots import attention_grid_png, head_png
 from scratch_models.inspection import AttentionCapture, format_summary, summarize
-from weight_mapping import EMBEDDED_NAME, open_checkpoint, staged
+from weight_mapping import staged
 
-from .common import family_of, key_groups, require_device, require_tokenizer, written_files
+from .common import check_writable_directory, encode, key_groups, open_model, require_device, written_files
 
 
 HEAD_PNG = re.compile(r"head_L\d+_H\d+\.png")  # the one name inspect writes that changes between runs
@@ -43,27 +43,22 @@ class InspectResult:
     seconds: float
 
 
-def inspect(model: str | None, text: str, *, pair: str | None = None, out: str | os.PathLike,
+def inspect(model, text: str, *, pair: str | None = None, out: str | os.PathLike,
             layer: int = 0, head: int = 0, token: int | None = None, window: tuple[int, int] | None = None,
             device: str = "cpu") -> InspectResult:
-    """`token` (default: the first of the window) is the neuron view's query; `window` (start, end) limits the page
-    and the PNGs to tokens start..end-1."""
+    """`model`: a checkpoint as open_model takes it (None: minilm). `token` (default: the first of the window) is
+    the neuron view's query; `window` (start, end) limits the page and the PNGs to tokens start..end-1."""
     began = time.perf_counter()
-    source = model or EMBEDDED_NAME
-    checkpoint = open_checkpoint(source)
-    family = family_of(checkpoint)
-    family.check_pairs(None if pair is None else [pair])
     require_device(device)
-    tokenizer = require_tokenizer(checkpoint)
+    check_writable_directory("--out", out)
+    opened = open_model(model)
+    inputs, tokens = encode(opened, text, pair, device=device,
+                            names=["the text" + (" with --pair" if pair is not None else "")])
+    tokens = tokens[0]
+    segments = opened.tokenizer.sequence_ids(text, pair)  # an empty --pair is none, as encode reads it
+    b_start = segments.index(1) if 1 in segments else None
     # the task head too when the checkpoint has one, so its logits are cached as well
-    ours = family.widest_model(checkpoint, sequences_only=True).from_pretrained(source, device=device)
-
-    batch = tokenizer(text, pair, return_tensors="pt")
-    inputs = {name: batch[name].to(device) for name in family.input_names if name in batch}
-    ids = batch["input_ids"][0].tolist()
-    family.check_length(ours.config, len(ids), "the text" + (" with --pair" if pair is not None else ""))
-    tokens = [tokenizer.convert_tokens_to_string([t]) for t in tokenizer.convert_ids_to_tokens(ids)]
-    b_start = batch["token_type_ids"][0].tolist().index(1) if pair is not None else None
+    ours = opened.load(opened.widest_model(sequences_only=True), device=device)
     for name, value, count in (("--layer", layer, len(ours.layers)), ("--head", head, ours.layers[0].attn.num_heads)):
         if not 0 <= value < count:
             raise ValueError(f"{name} {value} is out of range 0..{count - 1}")
@@ -78,8 +73,8 @@ def inspect(model: str | None, text: str, *, pair: str | None = None, out: str |
     with torch.no_grad():
         _, cache = ours.run_with_cache(**inputs)
     capture = AttentionCapture.from_cache(cache, tokens, sentence_b_start=b_start)  # one text: no padding
-    heads = AttentionSummary.from_cache(cache, key_groups(family, tokenizer, [tokens], inputs["attention_mask"]))
-    label = source if model else "all-MiniLM-L6-v2 (embedded: minilm)"
+    heads = AttentionSummary.from_cache(cache, key_groups(opened, [tokens], inputs["attention_mask"]))
+    label = opened.source
     summary = summarize(cache)
     page = AttentionPage(capture, layer=layer, head=head, query=token, window=window, title=label, heads=heads)
     pictured = capture if window is None else capture.window(*window)

@@ -19,10 +19,10 @@ import torch
 from scratch_models.analysis import LensTable, lens_table
 from scratch_models.views.display import token_label
 from scratch_models.views.lens_plot import lens_png
-from scratch_models.tokenizer import NoTokenizerJson
-from weight_mapping import CheckpointError, open_checkpoint, staged
+from weight_mapping import CheckpointError, staged
 
-from .common import at_least_one, family_of, require_device, require_tokenizer, written_files
+from .common import (at_least_one, check_writable_directory, encode, missing_head, open_model, require_device,
+                     written_files)
 
 CELL = 16  # characters per cell of the printed table
 
@@ -38,30 +38,34 @@ class LensResult:
 def lens(model: str, text: str, *, out: str | os.PathLike, top_k: int = 3, device: str = "cpu") -> LensResult:
     at_least_one("--top-k", top_k)
     require_device(device)
-    checkpoint = open_checkpoint(model)
-    family = family_of(checkpoint)
-    config = family.config_class.from_json_file(checkpoint.config_path)
-    missing = family.missing_head_tensors(checkpoint, config, family.lm)
+    check_writable_directory("--out", out)
+    opened = open_model(model)
+    family, source = opened.family, opened.source
+    missing = opened.missing_head_tensors(family.lm)
     if missing:
-        raise CheckpointError(f"{model}: the logit lens reads the layers with {family.lm.__name__}'s head, and this "
-                              f"checkpoint has none (no {', '.join(missing[:3])}): give one saved with it")
+        raise CheckpointError(missing_head(opened, family.lm, missing, "the logit lens"))
     reads = "the token after each position" if family.causal else "the token at each position (masked-LM head)"
-    lm = family.lm.from_pretrained(model, device=device)
-    inputs, tokens, decode = _encode(lm, checkpoint, text, device)
+    inputs, tokens = encode(opened, text, names=["the text"], device=device)
+    tokens = tokens[0]
+    lm = opened.load(family.lm, device=device)
     with torch.no_grad():
         _, cache = lm.run_with_cache(**inputs, names=lambda n: re.fullmatch(r"embeddings\.out|layers\.\d+\.out", n))
     table = lens_table(cache, k=top_k)
+
+    def decode(i: int) -> str:
+        return opened.tokenizer.str_tokens([i])[0]
+
     top = [[decode(int(i)) for i in entry[:, 0]] for entry in table.token_ids]
-    heading = (f"logit lens of {model}: the most likely token (probability) per layer and position; it predicts "
+    heading = (f"logit lens of {source}: the most likely token (probability) per layer and position; it predicts "
                f"{reads}")
     printed = heading + "\n\n" + format_table(table, tokens, top) + "\n"
     with staged(out) as staging:
         (staging / "lens.txt").write_text(printed, encoding="utf-8")
-        (staging / "lens.json").write_text(json.dumps(_as_json(model, text, reads, tokens, table, decode), indent=1),
+        (staging / "lens.json").write_text(json.dumps(_as_json(source, text, reads, tokens, table, decode), indent=1),
                                            encoding="utf-8")
-        lens_png(table, tokens, top, staging / "lens.png", title=f"logit lens: {model}")
+        lens_png(table, tokens, top, staging / "lens.png", title=f"logit lens: {source}")
         files = written_files(staging, out)
-    return LensResult(model=model, tokens=tokens, table=printed, files=files)
+    return LensResult(model=source, tokens=tokens, table=printed, files=files)
 
 
 def format_table(table: LensTable, tokens: list[str], top: list[list[str]]) -> str:
@@ -71,19 +75,6 @@ def format_table(table: LensTable, tokens: list[str], top: list[list[str]]) -> s
             for label, row, probs in zip(table.labels, top, table.probs)]
     widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *body])
-
-
-def _encode(lm, checkpoint, text: str, device: str):
-    """(model inputs, the input tokens as strings, id -> string) from the checkpoint's tokenizer.json, or from
-    transformers' tokenizer when the checkpoint has only vocab files."""
-    try:
-        inputs = lm.tokenizer(text, device=device)
-        return inputs, lm.to_str_tokens(inputs["input_ids"]), lambda i: lm.tokenizer.str_tokens([i])[0]
-    except NoTokenizerJson:
-        tokenizer = require_tokenizer(checkpoint)
-    batch = tokenizer(text, return_tensors="pt")
-    inputs = {name: batch[name].to(device) for name in lm.family.input_names if name in batch}
-    return inputs, [tokenizer.decode([i]) for i in batch["input_ids"][0].tolist()], lambda i: tokenizer.decode([i])
 
 
 def _as_json(model: str, text: str, reads: str, tokens: list[str], table: LensTable, decode) -> dict:

@@ -24,7 +24,7 @@ from scratch_models.views.pages import patching_html
 from scratch_models.analysis.patching import PatchingResult, activation_patching
 from weight_mapping import staged
 
-from .common import at_least_one, written_files
+from .common import at_least_one, check_writable_directory, written_files
 from .targets import answer_id, describe, encode, load, positions, predictions
 
 
@@ -41,18 +41,19 @@ def patch(model: str, clean: str, corrupted: str, *, target: str | None = None, 
           wrong: str | None = None, out: str | os.PathLike, batch_size: int, device: str = "cpu") -> PatchResult:
     start = time.perf_counter()
     at_least_one("--batch-size", batch_size)
+    check_writable_directory("--out", out)
     loaded = load(model, target, device)
     clean_inputs, clean_tokens = encode(loaded, [clean], device, "--clean")
     corrupted_inputs, corrupted_tokens = encode(loaded, [corrupted], device, "--corrupted")
     lengths = len(clean_tokens[0]), len(corrupted_tokens[0])
     if lengths[0] != lengths[1]:
-        raise ValueError(f"--clean is {lengths[0]} tokens ({' '.join(clean_tokens[0])}) and --corrupted "
-                         f"{lengths[1]} ({' '.join(corrupted_tokens[0])}): patching by position needs texts of the "
-                         "same length in tokens")
+        raise ValueError(f"--clean is {lengths[0]} tokens ({' '.join(map(repr, clean_tokens[0]))}) and --corrupted "
+                         f"{lengths[1]} ({' '.join(map(repr, corrupted_tokens[0]))}): patching by position needs texts "
+                         "of the same length in tokens")
     clean_at = positions(loaded, clean_inputs, [clean], "--clean")
     corrupted_at = positions(loaded, corrupted_inputs, [corrupted], "--corrupted")
     if clean_at is not None and not torch.equal(clean_at, corrupted_at):
-        raise ValueError(f"the {loaded.tokenizer.mask_token} is at position {int(clean_at[0])} in --clean and "
+        raise ValueError(f"the {loaded.opened.mask_token()[1]} is at position {int(clean_at[0])} in --clean and "
                          f"{int(corrupted_at[0])} in --corrupted: put it at the same place in both")
     if loaded.target == "pooler":
         for flag, value in (("--answer", answer), ("--wrong", wrong)):

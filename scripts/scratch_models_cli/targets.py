@@ -7,53 +7,57 @@
 """
 
 import dataclasses
+import functools
 
 import torch
 
-from weight_mapping import open_checkpoint
-
-from .common import family_of, require_device, require_tokenizer
+from .common import Opened, encode as encode_texts, open_model, require_device
 
 TARGETS = ("next", "mlm", "class", "pooler")
 
 
 @dataclasses.dataclass
 class Loaded:
-    model: torch.nn.Module
-    tokenizer: object
-    family: object
-    head: str  # our class's name
+    opened: Opened
+    cls: type  # our class with the checkpoint's head
     target: str  # one of TARGETS
+    device: str
+
+    @functools.cached_property
+    def model(self) -> torch.nn.Module:
+        """Loaded on first use, so that the texts are checked first."""
+        return self.opened.load(self.cls, device=self.device)
+
+    @property
+    def family(self):
+        return self.opened.family
+
+    @property
+    def tokenizer(self):
+        return self.opened.tokenizer
 
 
 def load(source: str, target: str | None, device: str) -> Loaded:
     """The checkpoint's widest model (its own head), and the target: `target`, or the one its head carries."""
     require_device(device)
-    checkpoint = open_checkpoint(source)
-    family = family_of(checkpoint)
-    cls = family.widest_model(checkpoint, sequences_only=True)
+    opened = open_model(source)
+    family = opened.family
+    cls = opened.widest_model(sequences_only=True)
     head = cls.__name__
     if head not in family.targets:
-        raise ValueError(f"{source} loads as {head}, which carries none of the targets ({', '.join(TARGETS)}): "
+        raise ValueError(f"{opened.source} loads as {head}, which carries none of the targets ({', '.join(TARGETS)}): "
                          "heads and patch read LM, MLM and classification heads, and BERT's pooler")
     own = family.targets[head]
     if target is not None and target != own:
-        raise ValueError(f"--target {target}: {source} has the head {head}, which scores --target {own} only")
-    tokenizer = require_tokenizer(checkpoint)
-    if tokenizer.pad_token is None:  # GPT-2 has none; padded positions are masked, so any id will do
-        tokenizer.pad_token = tokenizer.eos_token
-    model = cls.from_pretrained(source, device=device)
-    return Loaded(model, tokenizer, family, head, own)
+        raise ValueError(f"--target {target}: {opened.source} has the head {head}, which scores --target {own} only")
+    opened.require_tokenizer()
+    return Loaded(opened, cls, own, device)
 
 
 def encode(loaded: Loaded, texts: list[str], device: str, what: str = "the text") -> tuple[dict, list[list[str]]]:
-    """Texts -> forward inputs (padded on the tokenizer's side) and each row's tokens as text."""
-    batch = loaded.tokenizer(texts, padding=True, return_tensors="pt")
-    loaded.family.check_length(loaded.model.config, batch["input_ids"].shape[1], what)
-    inputs = {name: batch[name].to(device) for name in loaded.family.input_names if name in batch}
-    tokens = [[loaded.tokenizer.convert_tokens_to_string([t]) for t in loaded.tokenizer.convert_ids_to_tokens(row)]
-              for row in batch["input_ids"].tolist()]
-    return inputs, tokens
+    """Texts -> forward inputs (padded on the right) and each row's tokens as text."""
+    names = [what] if len(texts) == 1 else [f"{what} {i}" for i in range(1, len(texts) + 1)]
+    return encode_texts(loaded.opened, texts, names=names, device=device)
 
 
 def positions(loaded: Loaded, inputs: dict, texts: list[str], flag: str = "text") -> torch.Tensor | None:
@@ -64,13 +68,13 @@ def positions(loaded: Loaded, inputs: dict, texts: list[str], flag: str = "text"
 
         return last_positions(inputs["attention_mask"])
     if loaded.target == "mlm":
-        mask_id = loaded.tokenizer.mask_token_id
+        mask_id, mask = loaded.opened.mask_token()
         found = []
         for row, text in zip(inputs["input_ids"], texts):
             where = (row == mask_id).nonzero()[:, 0].tolist()
             if len(where) != 1:
-                raise ValueError(f"--target mlm: {flag} {text!r} holds {len(where)} {loaded.tokenizer.mask_token} "
-                                 "tokens; put exactly one where the prediction is scored")
+                raise ValueError(f"--target mlm: {flag} {text!r} holds {len(where)} {mask} tokens; put exactly one "
+                                 "where the prediction is scored")
             found += where
         return torch.tensor(found, device=inputs["input_ids"].device)
     return None
@@ -81,7 +85,7 @@ def answer_id(loaded: Loaded, answer: str, flag: str) -> int:
     if loaded.target == "pooler":
         raise ValueError(f"{flag} does not apply to --target pooler (it has no tokens or classes)")
     if loaded.target == "class":
-        config = loaded.model.config
+        config = loaded.opened.config
         names = {config.label(i): i for i in range(config.num_labels)}
         if answer in names:
             return names[answer]
@@ -89,12 +93,14 @@ def answer_id(loaded: Loaded, answer: str, flag: str) -> int:
             return int(answer)
         raise ValueError(f"{flag} {answer!r} is not a class of this classifier; its classes: "
                          f"{', '.join(f'{i} {name}' for name, i in names.items())}")
-    ids = loaded.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    tokenizer = loaded.tokenizer
+    ids = tokenizer.encode(answer, add_special_tokens=False)
     if len(ids) != 1:
-        pieces = loaded.tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"{flag} {answer!r} is {len(ids)} tokens ({' '.join(pieces) or 'none'}); give a single "
-                         "token" + (" (GPT-2's words usually start with a space: ' Paris')"
-                                    if loaded.target == "next" else ""))
+        pieces = " ".join(map(repr, tokenizer.str_tokens(ids)))
+        spaced = " " + answer
+        hint = (f"; {spaced!r}, with the space a word has after another, is one" if not answer.startswith(" ")
+                and len(tokenizer.encode(spaced, add_special_tokens=False)) == 1 else "")
+        raise ValueError(f"{flag} {answer!r} is {len(ids)} tokens ({pieces or 'none'}); give a single token{hint}")
     return ids[0]
 
 
@@ -109,6 +115,6 @@ def predictions(loaded: Loaded, output, at: torch.Tensor | None) -> torch.Tensor
 def describe(loaded: Loaded, index: int) -> str:
     """A token or class as the user would write it."""
     if loaded.target == "class":
-        return loaded.model.config.label(index)
-    return loaded.tokenizer.convert_tokens_to_string([loaded.tokenizer.convert_ids_to_tokens(index)])
+        return loaded.opened.config.label(index)
+    return loaded.tokenizer.str_tokens([index])[0]
 

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import torch
 
-from scratch_models.family import Family
 from scratch_models.pretrained import as_dtype
-from weight_mapping import EMBEDDED_NAME, open_checkpoint
+from weight_mapping import CheckpointError
 
-from .common import encode, family_of, plural, quiet_transformers, require_device
+from .common import Opened, encode, open_model, plural, quiet_transformers, quoted, random_inputs, require_device
 
 # (atol, rtol): a tensor passes when |ours - ref| <= atol + rtol * |ref| everywhere.
 TOLERANCES = {
@@ -106,16 +105,14 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
     `model`: any checkpoint `from_pretrained` takes; default `minilm`, the embedded real all-MiniLM-L6-v2."""
     import transformers
 
-    source = model or EMBEDDED_NAME
-    checkpoint = open_checkpoint(source)
-    family = family_of(checkpoint)
     torch_dtype = as_dtype(dtype)
     require_device(device)
-    config = family.base.config_class.from_json_file(checkpoint.config_path)
+    opened = open_model(model)
+    family, config = opened.family, opened.config
     num_layers = getattr(config, family.table.layers_field)
     notes = []
     if inputs is None:
-        inputs, described = encode(family, checkpoint, config, texts, pairs)
+        inputs, described = _encode(opened, texts, pairs)
     else:
         described = ["given tensors"]
     inputs = {k: v.to(device) for k, v in inputs.items()}
@@ -129,28 +126,57 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
                      "attention and transformers' SDPA give 0, its eager path an even spread; the eager "
                      "comparison skips them")
     rows = []
-    with _reference_dir(source, checkpoint) as reference_dir:
-        rows += _compare_base(family, source, reference_dir, base_rows, inputs, device, torch_dtype, isolate,
-                              notes=notes, sighted=sighted)
-        head = family.head_of(checkpoint)
+    with _reference_dir(opened) as reference_dir:
+        rows += _compare_base(opened, reference_dir, base_rows, inputs, device, torch_dtype, isolate, notes=notes,
+                              sighted=sighted)
+        head = opened.head()
         if head is None:
-            missing = family.missing_head_tensors(checkpoint, config, family.heads[0])
-            notes.append(f"no task head in the checkpoint (not even {family.heads[0].__name__}'s: {missing[0]} "
+            missing = opened.missing_head_tensors(family.lm)
+            notes.append(f"no task head in the checkpoint (not even {family.lm.__name__}'s: {missing[0]} "
                          "absent): head outputs not compared")
         else:
-            rows += _compare_head(head, source, reference_dir, inputs, device, torch_dtype, notes)
-    return Report(model=source, origin=checkpoint.origin, reference=f"transformers {transformers.__version__}",
-                  device=device, dtype=dtype, isolate=isolate, input_shape=tuple(inputs["input_ids"].shape),
-                  inputs=described, rows=rows, notes=notes)
+            rows += _compare_head(opened, head, reference_dir, inputs, device, torch_dtype, notes)
+    return Report(model=opened.source, origin=opened.checkpoint.origin,
+                  reference=f"transformers {transformers.__version__}", device=device, dtype=dtype, isolate=isolate,
+                  input_shape=tuple(inputs["input_ids"].shape), inputs=described, rows=rows, notes=notes)
 
 
-def _compare_base(family: Family, source, reference_dir, rows, inputs, device, dtype, isolate: bool,
-                  notes: list[str], sighted: torch.Tensor | None) -> list[Comparison]:
+def _encode(opened: Opened, texts, pairs) -> tuple[dict, list[str]]:
+    """Tokenized texts (or the family's default ones) as model inputs, and lines that say what they are.
+    Without a tokenizer beside the checkpoint: random token ids, unless texts were given (an error then)."""
+    family = opened.family
+    if opened.tokenizer is None:
+        if texts or pairs:
+            raise CheckpointError(f"--text: {opened.source} has no tokenizer ({opened.no_tokenizer()}), so its texts "
+                                  "cannot become token ids; leave --text out to compare on random ids")
+        inputs = random_inputs(opened.config, family.input_names)
+        return inputs, [f"{len(inputs['input_ids'])} rows of random token ids, the second padded "
+                        f"(no tokenizer: {opened.no_tokenizer()})"]
+    if not texts:
+        if pairs:
+            raise ValueError("--pair needs --text: each pair is the second segment of one text")
+        texts, pairs = family.default_texts, family.default_pairs
+    texts, pairs = list(texts), list(pairs) if pairs else None
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError(f"--pair given {plural(len(pairs), 'time')} for {len(texts)} --text: give one pair per "
+                         "text")
+    said = [quoted(text) + (f" + {quoted(pair)}" if pairs else "") for text, pair in zip(texts, pairs or texts)]
+    inputs, _ = encode(opened, texts, pairs, names=[f"--text {line}" for line in said])
+    lengths = inputs["attention_mask"].sum(-1).tolist()
+    padded = ", padded" if len(set(lengths)) > 1 else ""
+    what = plural(len(texts), "sentence pair") if pairs else plural(len(texts), "text")
+    return inputs, [f"{what}{padded}:"] + [f"  {i}. {line} ({length} tokens)"
+                                           for i, (line, length) in enumerate(zip(said, lengths), 1)]
+
+
+def _compare_base(opened: Opened, reference_dir, rows, inputs, device, dtype, isolate: bool, notes: list[str],
+                  sighted: torch.Tensor | None) -> list[Comparison]:
     """The base model, layer by layer: our explicit path against transformers' eager attention."""
     import transformers
 
     dtype = dtype or torch.float32
-    ours = family.base.from_pretrained(source, dtype=dtype, device=device)
+    family = opened.family
+    ours = opened.load(family.base, dtype=dtype, device=device)
     name = family.base.__name__
     notes += _loading_notes(name, ours.loading_info)
     hook_names = set(ours.hook_names())
@@ -163,7 +189,7 @@ def _compare_base(family: Family, source, reference_dir, rows, inputs, device, d
                            sighted=sighted)
 
 
-def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype, notes: list[str]
+def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, device, dtype, notes: list[str]
                   ) -> list[Comparison]:
     """Every output tensor of our `head` class (logits, start_logits, mc_logits, ...) against transformers' class of
     the same name: our fused path against its default SDPA attention. Multiple-choice classes read the batch as
@@ -172,7 +198,7 @@ def _compare_head(head: type, source, reference_dir, inputs: dict, device, dtype
 
     dtype = dtype or torch.float32
     name = head.__name__
-    ours = head.from_pretrained(source, dtype=dtype, device=device)
+    ours = opened.load(head, dtype=dtype, device=device)
     notes += _loading_notes(name, ours.loading_info)
     if head.multiple_choice:
         inputs = {key: value[None] for key, value in inputs.items()}  # [1, choices, seq]
@@ -306,10 +332,11 @@ def compare(name: str, reference_name: str, ours: torch.Tensor, ref: torch.Tenso
 
 
 @contextlib.contextmanager
-def _reference_dir(source: str, checkpoint):
+def _reference_dir(opened: Opened):
     """A directory transformers can load: the checkpoint's own, or, when one weights file was named, a temporary
     one that links config.json and that file under the name transformers looks for."""
-    if len(checkpoint.files) > 1 or not Path(source).is_file():
+    checkpoint = opened.checkpoint
+    if len(checkpoint.files) > 1 or not Path(opened.source).expanduser().is_file():
         yield checkpoint.directory
         return
     with tempfile.TemporaryDirectory(prefix="scratch-models-ref-") as tmp:

@@ -121,7 +121,7 @@ def test_patch_defaults_to_the_two_runs_predictions(tmp_path, capsys, checkpoint
      "--target mlm: {gpt2} has the head GPT2LMHeadModel, which scores --target next only"),
     (["heads", "{mlm}", "no mask here"], "--target mlm: text 'no mask here' holds 0 [MASK] tokens"),
     (["heads", "{mlm}", "[MASK] and [MASK]"], "holds 2 [MASK] tokens; put exactly one"),
-    (["heads", "{mlm}", "the [MASK] sat", "--answer", "sat down"], "--answer 'sat down' is 2 tokens (sat down)"),
+    (["heads", "{mlm}", "the [MASK] sat", "--answer", "sat down"], "--answer 'sat down' is 2 tokens ('sat' 'down')"),
     (["heads", MINILM, "a text", "--answer", "cat"], "--answer does not apply to --target pooler"),
     (["heads", "{classifier}", "a text", "--answer", "maybe"],
      "--answer 'maybe' is not a class of this classifier; its classes: 0 neg, 1 pos"),

@@ -12,7 +12,7 @@ import transformers
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from scratch_models import BertModel, CheckpointError, ConfigError, GPT2Model
-from scratch_models_cli.cli import main
+from scratch_models_cli.cli import CAUSAL, main
 from scratch_models_cli.convert import convert
 from scratch_models_cli.verify import verify
 from weight_mapping import embedded_checkpoint, readers
@@ -171,12 +171,12 @@ def messages(tiny_gpt2, untokenized):
     long_text = " ".join(["word"] * 600)
     return [
         (["fill-mask", "minilm", "a [MASK] b"],
-         "minilm: this checkpoint has no masked-LM head (cls.predictions.transform.dense.weight and 4 more absent), "
-         "so it cannot fill in masks"),
-        (["fill-mask", gpt2, "a [MASK] b"], f"{gpt2}: fill-mask needs a masked language model (BERT) with its "
-                                            "masked-LM head; this is a gpt2 checkpoint"),
-        (["generate", "minilm", "Hello"], "minilm: generate continues a text with a causal language model; this is a "
-                                             "bert checkpoint"),
+         "minilm: fill-mask reads BertForMaskedLM's head, and this checkpoint has none "
+         "(cls.predictions.transform.dense.weight and 4 more absent)"),
+        (["fill-mask", gpt2, "a [MASK] b"], f"{gpt2}: fill-mask needs a masked language model with its masked-LM "
+                                            "head; this is a GPT-2 checkpoint, a causal one"),
+        (["generate", "minilm", "Hello"], f"minilm: generate continues a text with a causal language model ({CAUSAL}); "
+                                          "this is a BERT checkpoint"),
         (["generate", gpt2, "Once upon a time", "--max-new-tokens", "100"],
          "--max-new-tokens 100: the prompt's 4 tokens and 100 new ones need 104 positions; this model has "
          "n_positions=64, so at most 60 new tokens fit after this prompt"),

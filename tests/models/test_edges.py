@@ -296,7 +296,7 @@ def test_a_kv_cache_of_another_depth_or_batch_is_refused_and_left_as_it_was(fami
     with torch.no_grad():
         cache = shallow(ids, use_cache=True).past_key_values
         held = [k.clone() for k in cache.keys]
-        with pytest.raises(ValueError, match="past_key_values holds 2 layers, and this model has 3"):
+        with pytest.raises(ValueError, match="past_key_values holds 2 layers, but this model has 3"):
             deep(ids[:, :1], past_key_values=cache)
         with pytest.raises(ValueError, match="input_ids has batch size 1, but past_key_values holds 2 rows"):
             shallow(ids[:1, :1], past_key_values=cache)
