@@ -6,6 +6,7 @@ here with no edit."""
 import json
 
 import pytest
+import torch
 import transformers
 from PIL import Image
 
@@ -126,3 +127,26 @@ def test_generate_continues_the_prompt_as_transformers_does(capsys, checkpoints,
     ids = tokenizer(CLEAN, return_tensors="pt")["input_ids"]
     expected = theirs.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     assert out.strip() == tokenizer.decode(expected[0]).strip()
+
+
+@each
+def test_classify_reads_each_sequence_classifier_as_transformers_does(capsys, checkpoints, family, tmp_path):
+    """Every class the family declares as a classifier of labels: the printed labels and probabilities are
+    transformers' softmax over its logits, best first."""
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    for name, kind in FAMILIES[family].classifiers.items():
+        if kind != "labels":
+            continue
+        directory = tmp_path / name
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoints[family])
+        tokenizer.save_pretrained(directory)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        theirs = reference(family, name, attention="sdpa", vocab_size=len(tokenizer), id2label=labels,
+                           pad_token_id=pad, **{FAMILIES[family].positions_field: 64})
+        save(theirs, directory)
+        code, out, err = run(capsys, "classify", directory, TEXTS[0])
+        assert code == 0, out + err
+        with torch.no_grad():
+            probabilities = theirs(**tokenizer(TEXTS[0], return_tensors="pt")).logits[0].softmax(-1)
+        expected = [f"{labels[int(i)]}  {float(probabilities[i]):.4f}" for i in probabilities.argsort(descending=True)]
+        assert [" ".join(line.split()) for line in out.splitlines()[1:]] == [" ".join(e.split()) for e in expected]
