@@ -31,6 +31,8 @@ FAMILY = Family(
     positions_field="max_position_embeddings",
     causal=True,
     targets={"GPTNeoXForCausalLM": "next", "GPTNeoXForSequenceClassification": "class"},
+    classifiers={"GPTNeoXForSequenceClassification": "labels", "GPTNeoXForTokenClassification": "tokens",
+                 "GPTNeoXForQuestionAnswering": "span"},
     default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
     tiny_config=dict(vocab_size=37, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
                      max_position_embeddings=24, rotary_pct=0.5, bos_token_id=36, eos_token_id=36),
@@ -50,4 +52,5 @@ sequential model. As in GPT-2, `hidden_states[-1]` is the final LayerNorm's outp
         "start_logits": "start_logits",
         "end_logits": "end_logits",
     },
+    lm_checkpoint="EleutherAI/pythia-70m",
 )
