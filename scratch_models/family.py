@@ -13,6 +13,8 @@ from torch import nn
 
 from weight_mapping import CheckpointError, MappingTable
 
+from .lens_names import LensTable
+
 
 class ResidualStream:
     """Where a family's residual stream is, by hook name, and the modules that read it: what the activation cache's
@@ -85,6 +87,9 @@ class Family:
     summary: str = ""  # how the family's residual stream reads, for docs/hook_names.md
     # hook name ("{i}" for the layer) -> the transformers output field that holds the same tensor (tested)
     output_fields: dict = dataclasses.field(default_factory=dict)
+    # TransformerLens' names for the family's tensors, weights and config (scratch_models.lens_names.LensTable, in
+    # the family's transformer_lens.py); None: TL's names are refused, saying the family declares none
+    transformer_lens: LensTable | None = None
 
     def __post_init__(self):
         for cls in (self.base, *self.heads):

@@ -219,9 +219,31 @@ class GPT2Model(PretrainedModel):
         return self.embeddings.wte.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
 
-def untied_lm_head(config: GPT2Config) -> nn.Linear | None:
-    """An LM head's own matrix (transformers' `lm_head`) when config.tie_word_embeddings is false, else None."""
-    return None if config.tie_word_embeddings else nn.Linear(config.n_embd, config.vocab_size, bias=False)
+class TiedLMHead(nn.Module):
+    """transformers' `lm_head` of a tied model: scores against the token embeddings themselves (`weight` is wte's,
+    whatever is loaded into it). Held by the model outside its module tree, so its state dict holds wte once."""
+
+    bias = None
+
+    def __init__(self, wte: nn.Embedding):
+        super().__init__()
+        object.__setattr__(self, "wte", wte)  # not a submodule: wte belongs to the embeddings
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.wte.weight
+
+    def forward(self, hidden):  # [..., h] -> [..., V]
+        return F.linear(hidden, self.weight)
+
+
+def add_lm_head(model: GPT2Model, config: GPT2Config) -> None:
+    """`model.lm_head` as transformers has it: a matrix of its own when config.tie_word_embeddings is false, else
+    the token embeddings (a TiedLMHead, never None)."""
+    if config.tie_word_embeddings:
+        object.__setattr__(model, "lm_head", TiedLMHead(model.embeddings.wte))
+    else:
+        model.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
 
 class GPT2LMHeadModel(GPT2Model, GenerationMixin):
@@ -232,7 +254,7 @@ class GPT2LMHeadModel(GPT2Model, GenerationMixin):
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
-        self.lm_head = untied_lm_head(config)
+        add_lm_head(self, config)
         self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,

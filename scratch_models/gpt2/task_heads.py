@@ -26,7 +26,7 @@ from ..losses import check_classification_labels, classification_loss, cross_ent
 from ..outputs import (GPT2DoubleHeadsModelOutput, QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast,
                       TokenClassifierOutput)
 from .config import GPT2Config
-from .model import GPT2Model, untied_lm_head
+from .model import GPT2Model, add_lm_head
 
 
 class GPT2ForSequenceClassification(GPT2Model):
@@ -179,7 +179,7 @@ class GPT2DoubleHeadsModel(GPT2Model):
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
-        self.lm_head = untied_lm_head(config)
+        add_lm_head(self, config)
         self.logits = HookPoint("b, c, s, V", "scores over the vocabulary for the next token, per choice and position")
         self.multiple_choice_head = GPT2SequenceSummary(config)
         self.mc_logits = HookPoint("b, c", "each choice's score (the multiple-choice head at its mc_token_ids)")
