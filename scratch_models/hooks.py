@@ -128,7 +128,8 @@ class HookedModel(nn.Module):
         `names`: None for every hook point but the opt-in ones (`layers.{i}.attn.result`, computed only for a
         listener), a name (ours, TL's, or a pattern where `*` stands for any run of characters within one part of
         a name, as in `cache.stack`), a list of them, or a predicate on our names. `names_filter`: the same
-        TransformerLens' way, a predicate asked about TL's names. `hooks` / `fwd_hooks` / `bwd_hooks` edit the run
+        TransformerLens' way, a predicate asked about TL's names, which leaves out the opt-in ones as TL leaves
+        out hook_result (name it to have it). `hooks` / `fwd_hooks` / `bwd_hooks` edit the run
         as in `run_with_hooks`; the cache holds the edited tensors. `remove_batch_dim`: the cache of a batch of
         one, without its batch axis (cache.remove_batch_dim()).
 
@@ -248,8 +249,8 @@ class HookedModel(nn.Module):
         for name, fn in pairs:
             if callable(name):
                 chosen = [n for n in (names if lens else points) if name(n)]
-                if lens:
-                    chosen = [n for n in chosen if names[n].source is not None]
+                if lens:  # as TL's filters: names with a tensor here, the opt-in ones only when named
+                    chosen = [n for n in chosen if names[n].source is not None and not points[names[n].source].opt_in]
                 if not chosen:
                     some = ", ".join(list(names if lens else points)[:4])
                     raise ValueError(f"the hook filter {getattr(name, '__name__', name)!r} holds for no hook point "
@@ -334,9 +335,10 @@ def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
         return [name for name, point in points.items() if not point.opt_in]
     lens_names = model.lens_names()
     if callable(names):
-        chosen = [lens_names[n].source for n in lens_names if lens_names[n].source and names(n)] if lens \
-            else [n for n in points if names(n)]
-        return list(dict.fromkeys(chosen))
+        if not lens:
+            return [n for n in points if names(n)]
+        sources = [lens_names[n].source for n in lens_names if lens_names[n].source and names(n)]
+        return list(dict.fromkeys(source for source in sources if not points[source].opt_in))
     wanted = []
     for name in [names] if isinstance(names, str) else list(names):
         if name in points:

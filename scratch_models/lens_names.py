@@ -146,7 +146,7 @@ class LayerNormScale:
 
     source: Source
     norm: str
-    note = "read only, computed from the stream the LayerNorm reads"
+    note = "read only: sqrt(var + eps) over the hidden axis, [.., s, 1]"
 
     def compute(self, x: torch.Tensor, eps: float) -> torch.Tensor:
         return _centred_and_scale(x, eps)[1]
@@ -156,6 +156,8 @@ class LayerNormScale:
 class LayerNormNormalized(LayerNormScale):
     """TL's `hook_normalized`: the stream centred and divided by `hook_scale`, before the LayerNorm's weight and
     bias (TransformerBridge's meaning). Read only."""
+
+    note = "read only: centred and divided by hook_scale, before the LayerNorm's weight and bias"
 
     def compute(self, x, eps):
         centred, scale = _centred_and_scale(x, eps)
