@@ -329,15 +329,15 @@ def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
     points = model.hook_points()
     if names is not None and names_filter is not None:
         raise ValueError("give names (ours) or names_filter (TransformerLens' way), not both")
-    lens = names_filter is not None
-    names = names_filter if lens else names
+    tl_way = names_filter is not None
+    names = names_filter if tl_way else names
     if names is None:
         return [name for name, point in points.items() if not point.opt_in]
-    lens_names = model.lens_names()
+    lens = model.lens_names()
     if callable(names):
-        if not lens:
+        if not tl_way:
             return [n for n in points if names(n)]
-        sources = [lens_names[n].source for n in lens_names if lens_names[n].source and names(n)]
+        sources = [lens[n].source for n in lens if lens[n].source and names(n)]
         return list(dict.fromkeys(source for source in sources if not points[source].opt_in))
     wanted = []
     for name in [names] if isinstance(names, str) else list(names):
@@ -349,7 +349,7 @@ def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
                 raise ValueError(f"the pattern {name!r} matches no hook point; see model.hook_names()")
             wanted += matched
         else:
-            wanted.append(_lens_entry(name, points, lens_names).source)
+            wanted.append(_lens_entry(name, points, lens).source)
     return list(dict.fromkeys(wanted))
 
 

@@ -30,8 +30,8 @@ def logits_of(output) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
             return value
     fields = ", ".join(output.keys()) if isinstance(output, ModelOutput) else type(output).__name__
-    raise ValueError(f"{type(output).__name__} has no logits (its fields: {fields}); write your own metric for "
-                     "this output")
+    raise ValueError(f"{type(output).__name__} has no logits (its fields: {fields}): return_type='logits' and the "
+                     "built-in metrics need a model with a head; write your own metric for this output")
 
 
 @dataclasses.dataclass

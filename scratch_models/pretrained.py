@@ -63,9 +63,9 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         """Load a checkpoint: a hub id, a local directory, a weights file or a sharded index.
 
         `dtype`: cast floating-point weights while reading (default: as stored). `device`: where the weights go.
-        `transformer_lens`: calls default to TransformerLens' conventions (they return the logits, and a causal
-        model's text gets a BOS token in front), so TL code runs with only its loading line changed; see
-        scratch_models/lens_compat.py.
+        `transformer_lens`: calls default to TransformerLens' conventions (a model with a head returns its logits,
+        and a causal model's text gets a BOS token in front), so TL code runs with only its loading line changed;
+        see scratch_models/lens_compat.py.
         `model_kwargs` go to the constructor; unset ones may be chosen to fit the checkpoint (see
         `kwargs_for_checkpoint`). Raises CheckpointError / ConfigError naming the culprit; no partly loaded
         model is ever returned. The model comes back in eval mode; `model.loading_info` tells what was loaded
@@ -97,8 +97,9 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use
         model.tokenizer = Tokenizer(checkpoint.directory, token_type_ids=cls.family.pairs)
-        if transformer_lens:
-            model.default_return_type, model.default_prepend_bos = "logits", cls.family.causal
+        if transformer_lens:  # a base model has no logits to return: its output, as without
+            model.default_return_type = "output" if cls is cls.family.base else "logits"
+            model.default_prepend_bos = cls.family.causal
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, name_or_path, info.summary())
         return model.eval()
 

@@ -12,7 +12,8 @@ each head's share of its bias into the layer's).
 No hub: the weights are random, written with transformers' GPT-2 in its layout, the tokenizer a byte-level BPE
 trained on the tutorials' own texts (their names are single tokens, as in GPT-2's), padded with unused tokens to
 GPT-2's vocabulary. Every cell runs in full on a small GPT-2 (2 layers of 12 heads, GPT-2's 50257 tokens); the
-real GPT-2 124M config runs them too (slow), its activation-patching sweeps sampling three layers.
+real GPT-2 124M config runs them too (slow), but for the patching sweeps: the Main Demo's on its last layer, the
+Exploratory demo's not at all (on one CPU thread they would take some ten minutes).
 
 Not ported: the cells that draw (circuitsvis and plotly draw the tensors compared here), sampling with generate,
 FactoredMatrix (`model.OV`), the named parameters listed under TransformerLens' module names, and the pages on
@@ -71,12 +72,13 @@ SMALL = dict(n_layer=2, n_head=12, n_embd=48, n_positions=256)
 REAL = {}  # GPT-2 124M: transformers' GPT2Config defaults are gpt2's
 
 
-# ---- the tutorials, cell by cell: `model` and `sample` (the layers a patching sweep visits) are all they take -----
+# ---- the tutorials, cell by cell: `model` and `sample` (the layers a patching sweep visits: None, every one) are all
+# they take
 
 
-def main_demo(model, sample=None) -> dict:
+def main_demo(model, sample: list[int] | None = None) -> dict:
     out = {}
-    layers = sample or range(model.cfg.n_layers)
+    layers = range(model.cfg.n_layers) if sample is None else sample
     # Loading and running models: the loss on a paragraph given as text
     out["description loss"] = model(MODEL_DESCRIPTION, return_type="loss")
     # Caching all activations: the first line of the GPT-2 paper's abstract
@@ -194,10 +196,10 @@ def logits_to_ave_logit_diff(logits, answer_tokens, per_prompt=False):
     return answer_logit_diff if per_prompt else answer_logit_diff.mean()
 
 
-def exploratory_demo(model, sample=None) -> dict:
+def exploratory_demo(model, sample: list[int] | None = None) -> dict:
     """Everything but direct logit attribution (exploratory_attribution)."""
     out = {}
-    layers = sample or range(model.cfg.n_layers)
+    layers = range(model.cfg.n_layers) if sample is None else sample
     example_prompt, example_answer = "After John and Mary went to the store, John gave a bottle of milk to", " Mary"
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         utils.test_prompt(example_prompt, example_answer, model, prepend_bos=True)
@@ -462,13 +464,12 @@ def test_direct_logit_attribution_gives_the_numbers_of_transformer_lens_with_fol
 
 @pytest.mark.slow
 def test_the_tutorials_on_gpt2_124m_give_transformer_lens_numbers(tmp_path):
-    """The real GPT-2 config (12 layers of 12 heads, 768 wide): every cell, the patching sweeps on three layers."""
+    """The real GPT-2 config (12 layers of 12 heads, 768 wide): every cell, the patching sweeps on one layer."""
     write_gpt2(tmp_path, REAL, std=0.05)
     with torch.no_grad():
         ours, raw, folded = load_three(tmp_path)
-        sample = [0, 5, 11]
-        compare(main_demo(ours, sample), main_demo(raw, sample), atol=1e-4)
-        compare(exploratory_demo(ours, sample), exploratory_demo(raw, sample), atol=1e-4)
+        compare(main_demo(ours, [11]), main_demo(raw, [11]), atol=1e-4)
+        compare(exploratory_demo(ours, []), exploratory_demo(raw, []), atol=1e-4)
         mine, theirs = exploratory_attribution(ours), exploratory_attribution(folded)
         assert abs(float(mine.pop("hooks removed"))) < 1e-4
         theirs.pop("hooks removed")
