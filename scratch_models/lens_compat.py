@@ -31,7 +31,7 @@ from .lens_names import Resolved
 from .outputs import logits_of
 
 RETURN_TYPES = ("output", "logits", "loss", "both", None)
-_CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padding_side"})
+_CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padding_side", "input"})
 
 # TL's model-level weight attributes: the table path of a model-wide weight, or the per-block path of one stacked
 # over the layers

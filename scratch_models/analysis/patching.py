@@ -34,6 +34,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from ..outputs import logits_of
 from .metrics import LogitDiff, TokenLogit, TokenLogProb, normalized, per_prompt
 
 DEFAULT_BATCH_SIZE = 32  # rows (patched copies x prompts) per forward pass: bounds the memory a sweep takes
@@ -68,7 +69,6 @@ def run_patches(model, tokens, patches: Sequence[Patch], sources: Mapping[str, t
     inputs = forward_inputs(tokens)
     batch = inputs["input_ids"].shape[0]
     _check_ready(model, batch_size)
-    check_positions(model, metric, inputs)
     for patch in patches:
         if patch.name not in sources:
             raise ValueError(f"no source for hook point {patch.name!r}: sources has {', '.join(sources) or 'none'}")
@@ -77,6 +77,7 @@ def run_patches(model, tokens, patches: Sequence[Patch], sources: Mapping[str, t
     with torch.no_grad():
         output, unpatched = model.run_with_cache(**inputs, names=list(dict.fromkeys(p.name for p in patches)),
                                                  return_type="output")
+        check_positions(model, metric, inputs, output)
         values = [check_metric(measure(model, metric, output), batch, vector_metric)] * len(patches)
         runs = [i for i, patch in enumerate(patches) if not _writes_nothing_new(patch, sources, unpatched)]
         per_forward = max(1, batch_size // batch)
@@ -161,10 +162,12 @@ def check_metric(value, batch: int, vector_metric: bool = False) -> torch.Tensor
     return value.detach()
 
 
-def check_positions(model, metric: Metric, inputs: dict) -> None:
-    """A token metric without positions reads the last position: right for a causal model's prompts unless one
-    is right-padded (its last column is padding), wrong for BERT, whose masked token is elsewhere."""
-    if not isinstance(metric, (LogitDiff, TokenLogit, TokenLogProb)) or metric.positions is not None:
+def check_positions(model, metric: Metric, inputs: dict, output) -> None:
+    """A token metric without positions reads the last position of per-position logits: right for a causal
+    model's prompts unless one is right-padded (its last column is padding), wrong for BERT's MLM head, whose
+    masked token is elsewhere."""
+    if (not isinstance(metric, (LogitDiff, TokenLogit, TokenLogProb)) or metric.positions is not None
+            or logits_of(output).dim() != 3):
         return
     if not model.family.causal:
         raise ValueError(f"{type(metric).__name__} without positions reads the last position, the next token of a "
@@ -387,7 +390,6 @@ def attribution_patch(model, clean_tokens, corrupted_tokens, metric: Metric,
     layers = num_layers(model)
     names = {component: [hook_name(model, component, layer) for layer in range(layers)] for component in components}
     wanted = [name for per_layer in names.values() for name in per_layer]
-    check_positions(model, metric, corrupted)
     with torch.no_grad():
         _, clean_cache = model.run_with_cache(**clean, names=wanted)
     captured = {}
@@ -402,6 +404,7 @@ def attribution_patch(model, clean_tokens, corrupted_tokens, metric: Metric,
         output = model.run_with_hooks(**corrupted, return_type="output",
                                       hooks=[("embeddings.word", start_graph), *((name, capture) for name in wanted)])
         batch = corrupted["input_ids"].shape[0]
+        check_positions(model, metric, corrupted, output)
         value = measure(model, metric, output)
         check_metric(value, batch)
         grads = torch.autograd.grad(value.sum(), [captured[name] for name in wanted], allow_unused=True)

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratch_models import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
+from scratch_models import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel, GPT2Config,
+                            GPT2LMHeadModel)
 from scratch_models.analysis.metrics import LogitDiff, last_positions
 from scratch_models.analysis.patching import get_act_patch_resid_pre
 from helpers import randomize_
@@ -382,6 +383,7 @@ def test_text_in_and_tl_s_return_types(tiny_gpt2):
     ids = torch.tensor([tokenizer(text)["input_ids"]])
     with torch.no_grad():
         assert torch.equal(model(text).logits, model(ids).logits)  # our default: no BOS, the output object
+        assert torch.equal(model(input=ids).logits, model(ids).logits)  # TL's name for the input
         logits = lens(text)  # TL's defaults: BOS in front, the logits
         with_bos = model(torch.cat([torch.zeros(1, 1, dtype=torch.long), ids], 1)).logits
         assert torch.equal(logits, with_bos)
@@ -474,6 +476,10 @@ def test_patching_metrics_get_the_logits_and_logit_diff_reads_the_last_position(
     _, bert_cache = bert.run_with_cache(**inputs())
     with pytest.raises(ValueError, match="BertForMaskedLM is not one: give positions"):
         get_act_patch_resid_pre(bert, inputs(), bert_cache, LogitDiff(1, 2))
+    # a classifier's logits are one row per prompt: no positions to give
+    classifier = randomize_(BertForSequenceClassification(bert.config), 0.3).eval()
+    _, classifier_cache = classifier.run_with_cache(**inputs())
+    assert get_act_patch_resid_pre(classifier, inputs(2), classifier_cache, LogitDiff(0, 1)).shape == (2, SEQ)
 
 
 def test_tl_defaults_leave_generation_and_a_base_model_as_they_were(tiny_gpt2):
