@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .attention import head_results
+from .lens_names import act_name
 
 # where a pos_slice is applied: None (all), an index (the axis goes), a slice, or a list / tensor of indices
 PosSlice = int | slice | Sequence[int] | torch.Tensor | None
@@ -60,14 +61,46 @@ class ActivationCache(Mapping):
 
     # ---- the mapping ----------------------------------------------------------------------------------------------
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
+    def __getitem__(self, name) -> torch.Tensor:
+        """The tensor cached under our hook name, or TransformerLens' tensor for a TL key: a full name
+        (`blocks.0.attn.hook_z`, in TL's layout), a shorthand (`"embed"`, `"scale"`) or a tuple (`("pattern", 0,
+        "attn")`, `("resid_post", -1)`), as TL's `utils.get_act_name` reads it; `_grad` after a name for its
+        gradient."""
+        if isinstance(name, str) and name in self._tensors:
             return self._tensors[name]
-        except KeyError:
-            raise KeyError(self._missing(name)) from None
+        lens_name = self._lens_name(name)
+        resolved = self.model.lens_names().get(lens_name.removesuffix("_grad")) if lens_name else None
+        if resolved is None:
+            raise KeyError(self._missing(name if isinstance(name, str) else lens_name or repr(name))) from None
+        if resolved.source is None:
+            raise KeyError(f"TransformerLens' {resolved.name} has no counterpart here: {resolved.entry.reason}")
+        gradient = lens_name.endswith("_grad")
+        source = resolved.source + ("_grad" if gradient else "")
+        if source not in self._tensors:
+            raise KeyError(f"{lens_name} (our {source}) is not cached: " + self._missing(source).split(": ", 1)[1])
+        if gradient and not resolved.editable:
+            raise KeyError(f"{lens_name}: {resolved.name} is computed from our {resolved.source}, not a tensor of the "
+                           "run, so it has no cached gradient")
+        return resolved.show(self._tensors[source], self.model, self._batch_size() if self.has_batch_dim else None)
 
     def __contains__(self, name) -> bool:
-        return name in self._tensors
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def _lens_name(self, key) -> str | None:
+        """TL's full hook name for a key TL's way (a shorthand or a (name, layer, kind) tuple), negative layers
+        counted from the end; None for a key that is neither."""
+        if isinstance(key, str):
+            return act_name(key)
+        if not isinstance(key, tuple) or not 1 <= len(key) <= 3 or not isinstance(key[0], str):
+            return None
+        name, layer, *kind = (*key, None) if len(key) == 1 else key
+        if isinstance(layer, int) and layer < 0:
+            layer += self._stream().n_layers
+        return act_name(name, layer, *kind)
 
     def __iter__(self):
         return iter(self._tensors)
@@ -83,13 +116,16 @@ class ActivationCache(Mapping):
     def _missing(self, name: str) -> str:
         points = self.model.hook_points()
         base = name.removesuffix("_grad")
+        lens = self.model.lens_names()
+        if base in lens:
+            base = lens[base].source
         if base in points:
             if base != name:
                 return (f"{name!r} is not cached: gradients come from run_with_cache(..., incl_bwd=True, "
                         f"metric=fn), for the names cached")
             why = " (an opt-in point: name it)" if points[base].opt_in else ""
             return f"{name!r} is not cached: pass it in run_with_cache(names=[...]){why}"
-        close = difflib.get_close_matches(name, list(points), n=3, cutoff=0.5)
+        close = difflib.get_close_matches(name, [*points, *lens], n=3, cutoff=0.5)
         return f"{name!r} is not a hook point" + (f"; did you mean {', '.join(close)}?" if close else "")
 
     # ---- stacking -------------------------------------------------------------------------------------------------
@@ -97,18 +133,22 @@ class ActivationCache(Mapping):
     def stack(self, pattern: str, return_labels: bool = False):
         """The cached tensors whose names match `pattern`, stacked on a new first axis in forward order. `*` stands
         for any run of characters within one part of a name: `layers.*.attn.probs` gives [layers, b, n, s, s]."""
-        regex = re.compile(re.escape(pattern).replace(r"\*", r"[^.]*"))
+        regex = glob(pattern)
         names = [name for name in self._tensors if regex.fullmatch(name)]
         if not names:
             raise KeyError(f"no cached tensor matches {pattern!r}; cached: {', '.join(list(self._tensors)[:8])} ...")
         stacked = _stack_named([(name, self._tensors[name]) for name in names])
         return (stacked, names) if return_labels else stacked
 
-    def stack_activation(self, activation_name: str, layer: int | None = None) -> torch.Tensor:
+    def stack_activation(self, activation_name: str, layer: int | None = None,
+                         sublayer_type: str | None = None) -> torch.Tensor:
         """`layers.{l}.{activation_name}` of every layer l < `layer` (None or -1: all), stacked on a new first axis,
-        as TransformerLens' stack_activation. For example `stack_activation("attn.probs")`."""
-        names = [f"layers.{l}.{activation_name}" for l in range(self._layer(layer))]
-        return _stack_named([(name, self[name]) for name in names])
+        as TransformerLens' stack_activation: `stack_activation("attn.probs")`, or TL's way,
+        `stack_activation("pattern")` (TL's tensors, named as `cache[name, l, sublayer_type]` names them)."""
+        points = self.model.hook_points()
+        names = [f"layers.{l}.{activation_name}" if f"layers.{l}.{activation_name}" in points
+                 else (activation_name, l, sublayer_type) for l in range(self._layer(layer))]
+        return _stack_named([(str(name), self[name]) for name in names])
 
     # ---- the residual stream --------------------------------------------------------------------------------------
 
@@ -412,6 +452,11 @@ class ActivationCache(Mapping):
         """Sort key: forward order, each gradient after all forward tensors."""
         index = {name: i for i, name in enumerate(self.model.hook_names())}
         return lambda name: (name.endswith("_grad"), index.get(name.removesuffix("_grad"), len(index)))
+
+
+def glob(pattern: str) -> re.Pattern:
+    """`pattern` with `*` standing for any run of characters within one part of a dotted name."""
+    return re.compile(re.escape(pattern).replace(r"\*", r"[^.]*"))
 
 
 def _pos(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ performance section gives the bounds measured against eager float32 and against 
 """
 
 import functools
+import inspect
 import threading
 
 import torch
@@ -87,11 +88,15 @@ class CompiledModel:
         compiled graph's, within the compiled forward's bounds of the eager ones, not bitwise. Anything else is the
         model's own run_with_cache, eagerly; so is a set of names beyond torch's recompile limit."""
         with self._turns:
-            if hooks or incl_bwd or metric is not None or self.listening():
+            # TransformerLens' options (names_filter, fwd_hooks, return_type, ...: not the forward's) and text run
+            # eagerly too
+            forward = inspect.signature(self.model.forward).parameters
+            if (hooks or incl_bwd or metric is not None or self.listening() or kwargs.keys() - forward.keys()
+                    or not all(isinstance(a, torch.Tensor) for a in args)):
                 return self.model.run_with_cache(*args, names=names, hooks=hooks, incl_bwd=incl_bwd, metric=metric,
                                                  **kwargs)
             points = self._points
-            wanted = names_to_cache(points, names)
+            wanted = names_to_cache(self.model, names)
             try:
                 for name in wanted:
                     points[name].listen(self._recorders.setdefault(name, _Recorder(name, self._recorded)))
@@ -168,8 +173,8 @@ class CompiledLM(CompiledModel, GenerationMixin):
 
 
 def _decoding_step(model, cache: "StaticKVCache", ids, positions, keys):
-    return model(ids, attention_mask=keys, position_ids=positions, past_key_values=cache,
-                 logits_to_keep=1).logits[:, -1].float()
+    return model(ids, attention_mask=keys, position_ids=positions, past_key_values=cache, logits_to_keep=1,
+                 return_type="output").logits[:, -1].float()
 
 
 class StaticKVCache(KVCache):

@@ -110,13 +110,36 @@ class CausalDecoder(PretrainedModel):
     @property
     def output_embeddings(self) -> torch.Tensor:
         """[V, h] the matrix an LM head scores against: the token embeddings, to which the LM head is tied, or the
-        head's own `lm_head` when config.tie_word_embeddings is false."""
+        head's own `lm_head` when config.tie_word_embeddings is false (add_lm_head)."""
         return self.get_input_embeddings().weight if self.config.tie_word_embeddings else self.lm_head.weight
 
 
-def untied_lm_head(config) -> nn.Linear | None:
-    """An LM head's own matrix (transformers' `lm_head`) when config.tie_word_embeddings is false, else None."""
-    return None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+class TiedLMHead(nn.Module):
+    """transformers' `lm_head` of a tied model: scores against the token embeddings themselves (`weight` is
+    theirs, whatever is loaded into it). Held by the model outside its module tree, so its state dict holds the
+    embeddings once."""
+
+    bias = None
+
+    def __init__(self, embeddings: nn.Embedding):
+        super().__init__()
+        object.__setattr__(self, "embeddings", embeddings)  # not a submodule: the table belongs to the embeddings
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.embeddings.weight
+
+    def forward(self, hidden):  # [..., h] -> [..., V]
+        return F.linear(hidden, self.weight)
+
+
+def add_lm_head(model, config) -> None:
+    """`model.lm_head` as transformers has it: a matrix of its own when config.tie_word_embeddings is false, else
+    the token embeddings (a TiedLMHead, never None)."""
+    if config.tie_word_embeddings:
+        object.__setattr__(model, "lm_head", TiedLMHead(model.get_input_embeddings()))
+    else:
+        model.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
 
 class CausalLM(GenerationMixin):
@@ -128,7 +151,7 @@ class CausalLM(GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        self.lm_head = untied_lm_head(config)
+        add_lm_head(self, config)
         self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,

@@ -13,6 +13,8 @@ from torch import nn
 
 from weight_mapping import ConfigError, MappingTable
 
+from .lens_names import LensTable
+
 
 class ResidualStream:
     """Where a family's residual stream is, by hook name, and the modules that read it: what the activation cache's
@@ -152,6 +154,9 @@ class Family:
     # our class name -> what the command line's classify reads from its output: "labels" (a score per label),
     # "tokens" (a label per token), "span" (a question's answer in a context), "next_sentence" (BERT's NSP)
     classifiers: dict = dataclasses.field(default_factory=dict)
+    # TransformerLens' names for the family's tensors, weights and config (scratch_models.lens_names.LensTable, in
+    # the family's transformer_lens.py); None: TL's names are refused, saying the family declares none
+    transformer_lens: LensTable | None = None
 
     def __post_init__(self):
         for cls in (self.base, *self.heads):

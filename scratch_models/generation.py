@@ -211,8 +211,8 @@ class CachedDecoding:
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.length += ids.shape[1]
         return self.model(ids, attention_mask=None if self.mask is None else self.mask[:, :self.length],
-                          position_ids=positions, past_key_values=self.cache,
-                          logits_to_keep=1).logits[:, -1].float()
+                          position_ids=positions, past_key_values=self.cache, logits_to_keep=1,
+                          return_type="output").logits[:, -1].float()
 
 
 def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p) -> None:

@@ -3,6 +3,12 @@
 A hook point's name is its path in the module tree (`layers.3.attn.probs`; a pure container such as BertEncoder is
 left out), so names are stable and need no second list. `HookedModel` runs a model with listeners on them:
 `run_with_hooks` edits, `run_with_cache` records into an `ActivationCache`.
+
+TransformerLens' conventions work beside ours (scratch_models/lens_names.py): its hook names wherever a name is
+taken (`blocks.3.attn.hook_z`, giving TL's tensor in TL's layout), `fwd_hooks` / `bwd_hooks` whose functions take
+`(tensor, hook)` with `hook.name` and `hook.layer()`, `names_filter`, `add_hook` / `reset_hooks` and
+`reset_hooks_end`. A predicate given TL's way (in `fwd_hooks`, `names_filter`, `add_hook`) is asked about TL's
+names, one given our way (`hooks`, `names`) about ours.
 """
 
 import contextlib
@@ -13,10 +19,33 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .activation_cache import ActivationCache
+from .activation_cache import ActivationCache, glob
 from .hook_point import HookPoint
+from .lens_names import Resolved, layer_of, lens_names
 
 HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
+Target = tuple[str, Callable]  # (our hook point, fn(tensor, point name) -> replacement or None)
+
+
+class LensHook:
+    """What a TransformerLens-style hook function gets as `hook`: the name it was attached by (`hook.name`, so
+    `clean_cache[hook.name]` finds the clean tensor), `hook.layer()`, a `ctx` dict kept for the hook's life, and
+    TL's HookPoint methods `add_hook` / `remove_hooks` (`model.blocks[3].attn.hook_z.add_hook(fn)`)."""
+
+    def __init__(self, model: "HookedModel", name: str):
+        self.model, self.name, self.ctx = model, name, {}
+
+    def layer(self) -> int:
+        return layer_of(self.name)
+
+    def add_hook(self, hook, dir: str = "fwd", is_permanent: bool = False) -> None:
+        self.model.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent)
+
+    def remove_hooks(self, dir: str = "both", including_permanent: bool = False) -> None:
+        self.model.reset_hooks(including_permanent=including_permanent, names=[self.name], dir=dir)
+
+    def __repr__(self) -> str:
+        return f"LensHook({self.name!r})"
 
 
 class HookedModel(nn.Module):
@@ -51,48 +80,65 @@ class HookedModel(nn.Module):
         """Hook name -> the tensor's axes, e.g. ("b", "n", "s", "p + s")."""
         return {name: point.dims for name, point in self.hook_points().items()}
 
+    def lens_names(self) -> dict[str, Resolved]:
+        """TransformerLens' hook name -> what it is in this model (scratch_models.lens_names), in forward order."""
+        layers = len(getattr(self, "layers", ()))
+        known = self.__dict__.get("_lens_names")
+        if known is None or known[0] != layers:  # computed once per structure: cache lookups ask it often
+            known = (layers, lens_names(self))
+            self.__dict__["_lens_names"] = known
+        return known[1]
+
     @contextlib.contextmanager
     def hooks(self, hooks: Iterable[tuple[str, HookFn]]):
         """Attach `(name, fn)` pairs for the duration of a `with` block.
 
         `fn(tensor, name)` returns a replacement tensor of the same shape, dtype and device (anything else is an
-        error naming the hook point), or None to leave the tensor as it is.
+        error naming the hook point), or None to leave the tensor as it is. A name is ours or TransformerLens'
+        (the tensor then comes in TL's layout, and goes back in ours); a predicate on our names attaches `fn`
+        wherever it holds.
         """
-        points = self.hook_points()
-        by_name: dict[str, list[HookFn]] = {}
-        for name, fn in hooks:
-            if name not in points:
-                raise ValueError(_unknown_name_message(name, points))
-            by_name.setdefault(name, []).append(fn)
-        saved = {name: points[name].fn for name in by_name}
-        try:
-            for name, fns in by_name.items():
-                points[name].listen(_chain(name, ([saved[name]] if saved[name] else []), fns))
+        with self._attached(self._targets(hooks, lens=False)):
             yield self
+
+    def run_with_hooks(self, *args, hooks: Iterable[tuple[str, HookFn]] = (), fwd_hooks=(), bwd_hooks=(),
+                       reset_hooks_end: bool = True, **kwargs):
+        """Run forward with `hooks` attached (see `hooks`). TransformerLens' way too: `fwd_hooks` [(name or
+        predicate on TL's names, fn(tensor, hook))], `bwd_hooks` the same on each tensor's gradient, called
+        during a later backward pass; `reset_hooks_end` removes the hooks `add_hook` attached, at the end."""
+        args, kwargs = self.call_inputs(args, kwargs)
+        batch = self.batch_size(args, kwargs)
+        targets = [*self._targets(hooks, lens=False, batch=batch), *self._targets(fwd_hooks, lens=True, batch=batch),
+                   *self._targets(bwd_hooks, lens=True, backward=True, batch=batch)]
+        try:
+            with self._attached(targets):
+                return self(*args, **kwargs)
         finally:
-            for name, fn in saved.items():
-                points[name].listen(fn)
+            if reset_hooks_end:
+                self.reset_hooks()
 
-    def run_with_hooks(self, *args, hooks: Iterable[tuple[str, HookFn]] = (), **kwargs):
-        with self.hooks(hooks):
-            return self(*args, **kwargs)
-
-    def run_with_cache(self, *args, names=None, hooks: Iterable[tuple[str, HookFn]] = (), incl_bwd: bool = False,
-                       metric: Callable | None = None, **kwargs):
+    def run_with_cache(self, *args, names=None, names_filter=None, hooks: Iterable[tuple[str, HookFn]] = (),
+                       fwd_hooks=(), bwd_hooks=(), incl_bwd: bool = False, metric: Callable | None = None,
+                       remove_batch_dim: bool = False, reset_hooks_end: bool = True, **kwargs):
         """Run forward and return `(output, cache)`: an `ActivationCache` (scratch_models.analysis), a read-only
         mapping of hook name -> detached tensor in forward order, with helpers that stack, decompose and read out
-        the residual stream. It remembers this model and the run's `attention_mask` and `input_ids`.
+        the residual stream. It remembers this model and the run's `attention_mask` and `input_ids`, and answers
+        TransformerLens' names too (`cache["blocks.0.attn.hook_z"]`, `cache["pattern", 0]`).
 
         `names`: None for every hook point but the opt-in ones (`layers.{i}.attn.result`, computed only for a
-        listener), a name, a list of names, or a predicate on the name. `hooks` edit the run as in
-        `run_with_hooks`; the cache holds the edited tensors.
+        listener), a name (ours, TL's, or a pattern where `*` stands for any run of characters within one part of
+        a name, as in `cache.stack`), a list of them, or a predicate on our names. `names_filter`: the same
+        TransformerLens' way, a predicate asked about TL's names, which leaves out the opt-in ones as TL leaves
+        out hook_result (name it to have it). `hooks` / `fwd_hooks` / `bwd_hooks` edit the run
+        as in `run_with_hooks`; the cache holds the edited tensors. `remove_batch_dim`: the cache of a batch of
+        one, without its batch axis (cache.remove_batch_dim()).
 
-        `incl_bwd=True` with `metric`, a function of the output that returns a scalar tensor (a logit, a loss, a
-        logit difference), also caches the gradient of the metric with respect to each cached tensor, as
-        `"{name}_grad"` (0 where the metric does not depend on it). The forward then runs with autograd on, even
-        inside torch.no_grad(); gradients are taken with torch.autograd.grad, so no parameter's `.grad` is touched.
-        A cached tensor that would not require grad (frozen weights) is made a leaf that does, which changes no
-        value.
+        `incl_bwd=True` with `metric`, a function of what the call returns (the output, or the logits with
+        return_type="logits") that gives a scalar tensor (a logit, a loss, a logit difference), also caches the
+        gradient of the metric with respect to each cached tensor, as `"{name}_grad"` (0 where the metric does
+        not depend on it). The forward then runs with autograd on, even inside torch.no_grad(); gradients are
+        taken with torch.autograd.grad, so no parameter's `.grad` is touched. A cached tensor that would not
+        require grad (frozen weights) is made a leaf that does, which changes no value.
         """
         if incl_bwd != (metric is not None):
             raise ValueError("incl_bwd=True needs metric=fn(output) -> scalar tensor to differentiate, and metric is "
@@ -100,7 +146,8 @@ class HookedModel(nn.Module):
         if incl_bwd and torch.is_inference_mode_enabled():
             raise ValueError("incl_bwd=True cannot run inside torch.inference_mode(), which switches autograd off "
                              "for good; torch.no_grad() is fine")
-        wanted = names_to_cache(self.hook_points(), names)
+        args, kwargs = self.call_inputs(args, kwargs)
+        wanted = names_to_cache(self, names, names_filter)
         cache: dict[str, torch.Tensor] = {}
         live: dict[str, torch.Tensor] = {}  # with incl_bwd: the tensors the forward pass went on with
 
@@ -113,25 +160,197 @@ class HookedModel(nn.Module):
             cache[name] = tensor.detach()
             return replacement
 
-        with torch.set_grad_enabled(incl_bwd or torch.is_grad_enabled()):
-            output = self.run_with_hooks(*args, hooks=[*hooks, *((n, store) for n in wanted)], **kwargs)
-            if incl_bwd:
-                cache |= _gradients(metric, output, live)
-        return output, activation_cache(self, cache, args, kwargs)
+        # the user's hooks first, so the cache holds the tensors they edited
+        batch = self.batch_size(args, kwargs)
+        targets = [*self._targets(hooks, lens=False, batch=batch), *self._targets(fwd_hooks, lens=True, batch=batch),
+                   *self._targets(bwd_hooks, lens=True, backward=True, batch=batch),
+                   *((name, store) for name in wanted)]
+        try:
+            with torch.set_grad_enabled(incl_bwd or torch.is_grad_enabled()), self._attached(targets):
+                output = self(*args, **kwargs)
+                if incl_bwd:
+                    cache |= _gradients(metric, output, live)
+        finally:
+            if reset_hooks_end:
+                self.reset_hooks()
+        activations = activation_cache(self, cache, args, kwargs)
+        return output, activations.remove_batch_dim() if remove_batch_dim else activations
+
+    def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The arguments of a call as the forward pass takes them (PretrainedModel turns text into token ids)."""
+        return args, kwargs
+
+    def batch_size(self, args: tuple, kwargs: dict) -> int | None:
+        """How many sequences a call's input_ids hold (choices of an example counted apart), or None."""
+        ids = inspect.signature(self.forward).bind_partial(*args, **_forward_arguments(self, kwargs)).arguments.get(
+            "input_ids")
+        return ids.shape[:-1].numel() if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else None
+
+    # ---- TransformerLens' hooks that stay attached ----------------------------------------------------------------
+
+    def add_hook(self, name, hook, dir: str = "fwd", is_permanent: bool = False) -> None:
+        """Attach `hook(tensor, hook)` TransformerLens' way until `reset_hooks()` (or the end of a run_with_hooks or
+        run_with_cache with reset_hooks_end, TL's default): `name` is a hook name, ours or TL's, or a predicate on
+        TL's names; `dir` "fwd" or "bwd" (on the gradient). `is_permanent` hooks survive reset_hooks() unless
+        it says including_permanent=True."""
+        if dir not in ("fwd", "bwd"):
+            raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
+        added = self.__dict__.setdefault("_added_hooks", {})
+        points = self.hook_points()
+        for point, fn in self._targets([(name, hook)], lens=True, backward=dir == "bwd"):
+            added.setdefault(point, []).append((fn, is_permanent, name, dir))
+            self._listen_added(points[point], point)
+
+    def reset_hooks(self, including_permanent: bool = False, names: Iterable[str] | None = None,
+                    dir: str = "both") -> None:
+        """Remove the hooks `add_hook` attached (all, or those attached by one of `names`; in `dir` "fwd", "bwd"
+        or "both"), keeping permanent ones unless `including_permanent`."""
+        added = self.__dict__.get("_added_hooks")
+        if not added:
+            return
+        names = None if names is None else set(names)
+        points = self.hook_points()
+        for point in list(added):
+            added[point] = [entry for entry in added[point]
+                            if not ((including_permanent or not entry[1]) and (names is None or entry[2] in names)
+                                    and dir in ("both", entry[3]))]
+            self._listen_added(points[point], point)
+            if not added[point]:
+                del added[point]
+
+    def _listen_added(self, point: HookPoint, name: str) -> None:
+        fns = [fn for fn, *_ in self.__dict__["_added_hooks"].get(name, ())]
+        point.listen(_chain(name, [], fns) if fns else None)
+
+    # ---- plumbing -------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _attached(self, targets: list[Target]):
+        """Each hook point of `targets` listens to its functions, in order, after whatever already listened."""
+        points = self.hook_points()
+        by_name: dict[str, list] = {}
+        for name, fn in targets:
+            by_name.setdefault(name, []).append(fn)
+        saved = {name: points[name].fn for name in by_name}
+        try:
+            for name, fns in by_name.items():
+                points[name].listen(_chain(name, ([saved[name]] if saved[name] else []), fns))
+            yield self
+        finally:
+            for name, fn in saved.items():
+                points[name].listen(fn)
+
+    def _targets(self, pairs, lens: bool, backward: bool = False, batch: int | None = None) -> list[Target]:
+        """(name or predicate, fn) pairs -> (our hook point, fn(tensor, point name)) to attach. `lens`: TL's
+        calling convention, fn(tensor, hook), and predicates asked about TL's names. `batch`: the run's, for TL's
+        layouts that show one row per sequence where ours may hold one for all (unknown: shown as ours)."""
+        points, names = self.hook_points(), self.lens_names()
+        targets = []
+        for name, fn in pairs:
+            if callable(name):
+                chosen = [n for n in (names if lens else points) if name(n)]
+                if lens:  # as TL's filters: names with a tensor here, the opt-in ones only when named
+                    chosen = [n for n in chosen if names[n].source is not None and not points[names[n].source].opt_in]
+                if not chosen:
+                    some = ", ".join(list(names if lens else points)[:4])
+                    raise ValueError(f"the hook filter {getattr(name, '__name__', name)!r} holds for no hook point "
+                                     f"(it is asked about {'TransformerLens' if lens else 'our'} names: {some}, ...)")
+            else:
+                chosen = [name]
+            for n in chosen:
+                targets.append(_target(self, n, fn, lens, backward, points, names, batch))
+        return targets
 
 
-def names_to_cache(points: dict[str, HookPoint], names) -> list[str]:
-    """The hook names `run_with_cache(names=...)` caches: None for every point but the opt-in ones, a predicate on
-    the name, a name, or a list of names (an unknown one is an error naming it)."""
+def _target(model, name: str, fn, lens: bool, backward: bool, points, names, batch: int | None) -> Target:
+    """`fn` attached by `name` (ours or TL's) as a listener of our hook point: the tensor shown in the layout the
+    name stands for, and fn's replacement taken back into ours."""
+    if not isinstance(name, str):
+        raise ValueError(f"a hook is attached by a name or a predicate on names, got {name!r}")
+    resolved = None if name in points else _lens_entry(name, points, names)
+    source = name if resolved is None else resolved.source
+    hook = LensHook(model, name) if lens else name
+    if backward:
+        if resolved is not None and not resolved.editable:
+            raise ValueError(f"{name} is computed from our {source}, not held by a hook point of its own: it has no "
+                             "gradient to hook; hook the stream it is computed from")
+        return source, _backward(fn, hook, resolved)
+    if resolved is None:
+        return source, (lambda x, _: fn(x, hook)) if lens else fn
+
+    def run(x, _):
+        shown = resolved.show(x, model, batch)
+        version = shown._version
+        replaced = fn(shown, hook)
+        if not resolved.editable:
+            if (replaced is not None and replaced is not shown) or shown._version != version:
+                raise ValueError(f"{name} is computed from our {source} for reading (no hook point holds it), so it "
+                                 "cannot be edited: edit the stream it is computed from")
+            return None
+        layout = resolved.entry.layout
+        if replaced is None:
+            return None if layout.view else layout.take(shown, x)
+        _check_replacement(name, fn, shown, replaced)
+        return layout.take(replaced, x)
+
+    return source, run
+
+
+def _backward(fn, hook, resolved):
+    """A forward listener that hooks the gradient of its tensor: fn(gradient as the name shows it, hook)."""
+    def on_gradient(grad):
+        shown = grad if resolved is None else resolved.entry.layout.show(grad, None)
+        replaced = fn(shown, hook)
+        if replaced is None:
+            return None
+        _check_replacement(getattr(hook, "name", hook), fn, shown, replaced)
+        return replaced if resolved is None else resolved.entry.layout.take(replaced, grad)
+
+    def listen(x, _):
+        if x.requires_grad:
+            x.register_hook(on_gradient)
+
+    return listen
+
+
+def _lens_entry(name: str, points: dict, names: dict) -> Resolved:
+    if name not in names:
+        raise ValueError(_unknown_name_message(name, points, names))
+    resolved = names[name]
+    if resolved.source is None:
+        raise ValueError(f"TransformerLens' {name} has no counterpart here: {resolved.entry.reason}")
+    return resolved
+
+
+def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
+    """Our hook names that `run_with_cache(names=..., names_filter=...)` caches: None for every point but the
+    opt-in ones; a predicate (on our names for `names`, on TL's for `names_filter`); a name, ours, TL's or a
+    pattern with `*`; or a list of them. An unknown name, or a pattern that matches none, is an error naming it."""
+    points = model.hook_points()
+    if names is not None and names_filter is not None:
+        raise ValueError("give names (ours) or names_filter (TransformerLens' way), not both")
+    tl_way = names_filter is not None
+    names = names_filter if tl_way else names
     if names is None:
         return [name for name, point in points.items() if not point.opt_in]
+    lens = model.lens_names()
     if callable(names):
-        return [name for name in points if names(name)]
-    names = [names] if isinstance(names, str) else list(names)
-    for name in names:
-        if name not in points:
-            raise ValueError(_unknown_name_message(name, points))
-    return names
+        if not tl_way:
+            return [n for n in points if names(n)]
+        sources = [lens[n].source for n in lens if lens[n].source and names(n)]
+        return list(dict.fromkeys(source for source in sources if not points[source].opt_in))
+    wanted = []
+    for name in [names] if isinstance(names, str) else list(names):
+        if name in points:
+            wanted.append(name)
+        elif "*" in name:
+            matched = [n for n in points if glob(name).fullmatch(n)]
+            if not matched:
+                raise ValueError(f"the pattern {name!r} matches no hook point; see model.hook_names()")
+            wanted += matched
+        else:
+            wanted.append(_lens_entry(name, points, lens).source)
+    return list(dict.fromkeys(wanted))
 
 
 def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -152,8 +371,14 @@ def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[
 def activation_cache(model: nn.Module, cache: dict[str, torch.Tensor], args, kwargs):
     """`cache` as the ActivationCache of `model`'s run on `args`, `kwargs`: it remembers the run's input_ids and
     attention_mask, found by the forward's own argument names."""
-    bound = inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments
+    bound = inspect.signature(model.forward).bind_partial(*args, **_forward_arguments(model, kwargs)).arguments
     return ActivationCache(cache, model, input_ids=bound.get("input_ids"), attention_mask=bound.get("attention_mask"))
+
+
+def _forward_arguments(model, kwargs: dict) -> dict:
+    """kwargs less those the call takes beside the forward's (return_type, ...)."""
+    taken = inspect.signature(model.forward).parameters
+    return {name: value for name, value in kwargs.items() if name in taken}
 
 
 def _chain(name: str, before: list, fns: list[HookFn]):
@@ -186,7 +411,15 @@ def _check_replacement(name: str, fn, given: torch.Tensor, replaced) -> None:
                          "same shape, dtype and device (or None to leave it as it is)")
 
 
-def _unknown_name_message(name: str, points: dict) -> str:
-    close = difflib.get_close_matches(name, list(points), n=5, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see model.hook_names()"
+def _unknown_name_message(name: str, points: dict, lens: dict | None = None) -> str:
+    """An unknown name, with the closest of ours and, for a name in TransformerLens' style, of TL's."""
+    tl_style = name.startswith(("blocks.", "hook_", "ln_final.", "embed.", "embed_ln.", "pos_embed.", "unembed.")) \
+        or ".hook_" in name
+    known = list(lens or {}) if tl_style else list(points)
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+    if tl_style and not lens:
+        return f"unknown hook point {name!r}: this model's family declares no TransformerLens names; see " \
+               "model.hook_names()"
+    hint = f"; did you mean {', '.join(close)}?" if close else \
+        f"; see {'model.lens_names()' if tl_style else 'model.hook_names()'}"
     return f"unknown hook point {name!r}{hint}"

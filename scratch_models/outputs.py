@@ -10,10 +10,28 @@ from .generation import KVCache
 @dataclasses.dataclass
 class ModelOutput:
     def __getitem__(self, key: str):
+        if not isinstance(key, str):  # TransformerLens-style code indexing what it takes for the logits
+            raise TypeError(f"{type(self).__name__} is the model's output, indexed by field name "
+                            f"({', '.join(self.keys())}), not by {key!r}: its scores are .logits (load with "
+                            "transformer_lens=True, or pass return_type='logits', for calls that return them)")
         return getattr(self, key)
 
     def keys(self):
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+
+def logits_of(output) -> torch.Tensor:
+    """The scores an output holds: `logits` (`prediction_logits`, the MLM scores, for BertForPreTraining); a tensor
+    is taken to be the logits themselves (what a call with return_type="logits" returns)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    for field in ("logits", "prediction_logits"):
+        value = getattr(output, field, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    fields = ", ".join(output.keys()) if isinstance(output, ModelOutput) else type(output).__name__
+    raise ValueError(f"{type(output).__name__} has no logits (its fields: {fields}): return_type='logits' and the "
+                     "built-in metrics need a model with a head; write your own metric for this output")
 
 
 @dataclasses.dataclass

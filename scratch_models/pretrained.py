@@ -12,6 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 from .hooks import HookedModel
 from .inputs import check_values
+from .lens_compat import TransformerLensMixin
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("scratch_models")
@@ -20,7 +21,7 @@ logger = logging.getLogger("scratch_models")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-class PretrainedModel(HookedModel):
+class PretrainedModel(TransformerLensMixin, HookedModel):
     config_class = None  # the model family's config dataclass
     mapping_table = None  # the family's weight_mapping table
     family = None  # the family's declaration (scratch_models.family.Family), set when the family declares itself
@@ -53,6 +54,8 @@ class PretrainedModel(HookedModel):
         indexes, the attention mask 1 and 0): the checks a compiled graph cannot make, as they branch on values.
         compile_model's wrapper makes them before each compiled call."""
         try:
+            args, kwargs = self.call_inputs(args, {k: v for k, v in kwargs.items()
+                                                   if k not in ("return_type", "loss_per_token")})
             arguments = inspect.signature(self.forward).bind_partial(*args, **kwargs).arguments
         except TypeError:
             return  # arguments the forward pass does not take: it raises its own error for them
@@ -60,7 +63,7 @@ class PretrainedModel(HookedModel):
 
     @classmethod
     def from_pretrained(cls, name_or_path, *, config=None, dtype: torch.dtype | str | None = None, device=None,
-                        **model_kwargs):
+                        transformer_lens: bool = False, **model_kwargs):
         """Load a checkpoint: a hub id, a local directory, a weights file or a sharded index, or a
         weight_mapping.Checkpoint already open (so that one command opens its checkpoint once).
 
@@ -68,6 +71,9 @@ class PretrainedModel(HookedModel):
         transformers' `config=`; by default config.json is read (see Family.config_of).
 
         `dtype`: cast floating-point weights while reading (default: as stored). `device`: where the weights go.
+        `transformer_lens`: calls default to TransformerLens' conventions (a model with a head returns its logits,
+        and a causal model's text gets a BOS token in front), so TL code runs with only its loading line changed;
+        see scratch_models/lens_compat.py.
         `model_kwargs` go to the constructor; unset ones may be chosen to fit the checkpoint (see
         `kwargs_for_checkpoint`). Raises CheckpointError / ConfigError naming the culprit; no partly loaded
         model is ever returned. The model comes back in eval mode; `model.loading_info` tells what was loaded
@@ -102,6 +108,9 @@ class PretrainedModel(HookedModel):
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use
         model.tokenizer = Tokenizer(checkpoint, token_type_ids=cls.family.pairs)
+        if transformer_lens:  # a base model has no logits to return: its output, as without
+            model.default_return_type = "output" if cls is cls.family.base else "logits"
+            model.default_prepend_bos = cls.family.causal
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, checkpoint.source, info.summary())
         return model.eval()
 
@@ -142,30 +151,40 @@ class PretrainedModel(HookedModel):
     # ---- text in and out, with the checkpoint's own tokenizer (TransformerLens' names) ----
 
     def to_tokens(self, text: str | list[str], pair: str | list[str] | None = None, *,
-                  prepend_bos: bool = False) -> torch.Tensor:
+                  prepend_bos: bool | None = None) -> torch.Tensor:
         """[b, s] token ids of a text (or texts of equal token counts; sentence pairs with `pair`), on the model's
         device, with the special tokens the checkpoint's tokenizer adds ([CLS] ... [SEP] for BERT; none for GPT-2
-        unless `prepend_bos`, as transformers, while TransformerLens prepends BOS). Texts of different lengths need
-        an attention mask: use `model.tokenizer(texts)`, which returns one."""
-        batch = self._tokenizer()(text, pair, prepend_bos=prepend_bos, device=self._device())
+        unless `prepend_bos`, as transformers; None: `model.default_prepend_bos`, which transformer_lens=True sets
+        as TransformerLens prepends BOS). Texts of different lengths need an attention mask: use
+        `model.tokenizer(texts)`, which returns one."""
+        batch = self._tokenizer()(text, pair, prepend_bos=self._prepend_bos(prepend_bos), device=self._device())
         if not bool(batch["attention_mask"].all()):
             raise ValueError("these texts have different token counts, so a batch of them is padded and needs its "
                              "attention_mask: use model.tokenizer(texts) (input_ids, attention_mask, ...) instead")
         return batch["input_ids"]
 
-    def to_str_tokens(self, text_or_ids, *, prepend_bos: bool = False) -> list[str]:
-        """Each token of a text (as `to_tokens` would give it), or of a sequence of ids, as a string."""
+    def to_str_tokens(self, text_or_ids, *, prepend_bos: bool | None = None) -> list[str] | list[list[str]]:
+        """Each token of a text (as `to_tokens` would give it), or of a sequence of ids, as a string; a list per
+        row for ids [b, s] with b > 1."""
         tokenizer = self._tokenizer()
         if isinstance(text_or_ids, str):
-            return tokenizer.str_tokens(tokenizer.encode(text_or_ids, prepend_bos=prepend_bos))
+            return tokenizer.str_tokens(tokenizer.encode(text_or_ids, prepend_bos=self._prepend_bos(prepend_bos)))
+        if isinstance(text_or_ids, torch.Tensor) and text_or_ids.dim() == 2 and text_or_ids.shape[0] > 1:
+            return [tokenizer.str_tokens(row) for row in text_or_ids]
         return tokenizer.str_tokens(text_or_ids)
 
     def to_string(self, ids) -> str | list[str]:
-        """The text of a sequence of ids ([s] or [1, s]), or a list of texts for [b, s]; special tokens kept."""
+        """The text of one id, or of a sequence of ids ([s] or [1, s]), or a list of texts for [b, s]; special
+        tokens kept."""
         tokenizer = self._tokenizer()
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] > 1:
             return [tokenizer.decode(row) for row in ids]
+        if isinstance(ids, int) or isinstance(ids, torch.Tensor) and ids.dim() == 0:
+            ids = [int(ids)]
         return tokenizer.decode(ids)
+
+    def _prepend_bos(self, prepend_bos: bool | None) -> bool:
+        return self.default_prepend_bos if prepend_bos is None else prepend_bos
 
     def _tokenizer(self):
         if self.tokenizer is None:

@@ -23,8 +23,8 @@ from typing import Mapping, Sequence
 import torch
 
 from ..attention import is_masked
-from .patching import (DEFAULT_BATCH_SIZE, Metric, Patch, check_autograd, check_metric, forward_inputs, num_layers,
-                       run_patches)
+from .patching import (DEFAULT_BATCH_SIZE, Metric, Patch, check_autograd, check_metric, forward_inputs, measure,
+                       num_layers, run_patches)
 
 LABEL_SHARE = 0.5  # a head is labelled by a behaviour that takes at least this share of its attention
 BROAD_ENTROPY = 0.7  # else "broad" when its entropy is at least this fraction of the uniform attention's
@@ -45,8 +45,8 @@ def head_ablation_scores(model, tokens, metric: Metric, *, ablation: str = "zero
     batch = inputs["input_ids"].shape[0]
     names = context_names(model)
     with torch.no_grad():
-        output, cache = model.run_with_cache(**inputs, names=names)
-    base = check_metric(metric(output), batch, vector_metric=True).double().cpu()
+        output, cache = model.run_with_cache(**inputs, names=names, return_type="output")
+    base = check_metric(measure(model, metric, output), batch, vector_metric=True).double().cpu()
     heads = cache[names[0]].shape[1]
     if ablation == "zero":
         sources = {name: torch.zeros(()) for name in names}
@@ -76,9 +76,13 @@ def head_mask_importance(model, tokens, metric: Metric) -> torch.Tensor:
         return lambda x, name: x * masks[layer][:, :, None, None].to(x.dtype)
 
     with torch.enable_grad():
-        output = model.run_with_hooks(**inputs, hooks=[(name, masked(layer)) for layer, name in enumerate(names)])
-        value = metric(output)
+        output = model.run_with_hooks(**inputs, hooks=[(name, masked(layer)) for layer, name in enumerate(names)],
+                                      return_type="output")
+        value = measure(model, metric, output)
         check_metric(value, batch, vector_metric=True)
+        if value.dim() == 0:  # one number for the batch (TransformerLens' metrics): each prompt's share of it
+            (grad,) = torch.autograd.grad(value, masks)
+            return grad.abs().double().sum(1).cpu()
         if value.dim() == 1:
             (grad,) = torch.autograd.grad(value.sum(), masks)
             per_prompt = grad.abs()
@@ -230,7 +234,8 @@ def analyze_heads(model, tokens, metric: Metric, *, groups: Mapping[str, torch.T
     zero = head_ablation_scores(model, tokens, metric, ablation="zero", batch_size=batch_size)
     with torch.no_grad():
         inputs = forward_inputs(tokens)
-        vector = check_metric(metric(model(**inputs)), inputs["input_ids"].shape[0], vector_metric=True).dim() == 2
+        vector = check_metric(measure(model, metric, model(**inputs, return_type="output")), inputs["input_ids"].shape[0],
+                              vector_metric=True).dim() == 2
     return HeadReport(target=target, zero_ablation=zero,
                       mean_ablation=head_ablation_scores(model, tokens, metric, ablation="mean", batch_size=batch_size),
                       importance=head_mask_importance(model, tokens, metric),

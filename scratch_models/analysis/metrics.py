@@ -2,16 +2,22 @@
 
     metric(output) -> tensor [batch]          (head scores also take [batch, k]: a vector per prompt)
 
-`output` is what the model returned for a batch of prompts, in the order they were given; a sweep hands each
-patched copy of the batch to the metric on its own, so per-prompt answers and positions line up. Any callable
-will do; these cover the usual targets. Positions are given per prompt on purpose: with right padding the last
-column is padding, so `last_positions(attention_mask)` says where each prompt ends.
+`output` is what the model's call returns for a batch of prompts, in the order they were given: its output
+object, or its logits for a model whose calls return them (loaded with transformer_lens=True), which is
+TransformerLens' metric contract, metric(logits). A sweep hands each patched copy of the batch to the metric on its
+own, so per-prompt answers and positions line up. Any callable will do, and one may return a single number for the
+whole batch, as TL's patching metrics do; these cover the usual targets and take either form of output. Positions
+are given per prompt: with right padding the last column is padding, so `last_positions(attention_mask)` says
+where each prompt ends; without positions a metric reads the last position, the next token after each prompt of
+a causal model when none is right-padded (the patching functions refuse it otherwise).
 """
 
 import dataclasses
 
 import torch
 import torch.nn.functional as F
+
+from ..outputs import logits_of
 
 PerPrompt = int | list[int] | torch.Tensor  # one value for every prompt, or one each
 
@@ -25,9 +31,9 @@ def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class LogitDiff:
-    """logit of `answer` minus logit of `wrong`, at `positions` for [b, s, V] logits (LM and MLM heads) or of the
-    row for [b, L] logits (sequence classifiers: answer and wrong are class indices). TransformerLens'
-    tutorials' `logits_to_ave_logit_diff`, one value per prompt."""
+    """logit of `answer` minus logit of `wrong`, at `positions` (None: the last) for [b, s, V] logits (LM and MLM
+    heads) or of the row for [b, L] logits (sequence classifiers: answer and wrong are class indices).
+    TransformerLens' tutorials' `logits_to_ave_logit_diff`, one value per prompt."""
 
     answer: PerPrompt
     wrong: PerPrompt
@@ -97,33 +103,24 @@ def normalized(value, clean, corrupted):
 
 
 def _scores(output, positions) -> torch.Tensor:
-    """[b, V] (or [b, L]): the logits at each prompt's position."""
-    logits = _logits(output)
+    """[b, V] (or [b, L]): the logits at each prompt's position (None: the last)."""
+    logits = logits_of(output)
+    what = "the logits" if isinstance(output, torch.Tensor) else f"{type(output).__name__}.logits"
     if logits.dim() == 2:
         if positions is not None:
-            raise ValueError(f"{type(output).__name__}.logits is [batch, classes] {tuple(logits.shape)}, one row "
-                             "per prompt: positions do not apply")
+            raise ValueError(f"{what} are [batch, classes] {tuple(logits.shape)}, one row per prompt: positions do "
+                             "not apply")
         return logits
     if logits.dim() != 3:
-        raise ValueError(f"{type(output).__name__}.logits has shape {tuple(logits.shape)}; the built-in metrics "
-                         "read [batch, seq, vocab] or [batch, classes]: write your own metric for this head")
+        raise ValueError(f"{what} have shape {tuple(logits.shape)}; the built-in metrics read [batch, seq, vocab] "
+                         "or [batch, classes]: write your own metric for this head")
     if positions is None:
-        raise ValueError(f"{type(output).__name__}.logits is [batch, seq, vocab] {tuple(logits.shape)}: give "
-                         "positions (last_positions(attention_mask) for the next token after each prompt)")
+        return logits[:, -1]
     rows = torch.arange(logits.shape[0], device=logits.device)
     at = per_prompt(positions, logits.shape[0], "positions", logits.device)
     if bool(((at < -logits.shape[1]) | (at >= logits.shape[1])).any()):
         raise ValueError(f"positions {at.tolist()} out of range for {logits.shape[1]} positions")
     return logits[rows, at]
-
-
-def _logits(output) -> torch.Tensor:
-    for field in ("logits", "prediction_logits"):  # BertForPreTraining calls its MLM scores prediction_logits
-        value = getattr(output, field, None)
-        if isinstance(value, torch.Tensor):
-            return value
-    raise ValueError(f"{type(output).__name__} has no logits (its fields: {', '.join(output.keys())}); write "
-                     "your own metric for this output")
 
 
 def _pooler(output) -> torch.Tensor:

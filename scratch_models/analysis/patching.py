@@ -13,6 +13,9 @@ another source.
     metric = LogitDiff(answer, wrong, positions=last_positions(clean["attention_mask"]))
     get_act_patch_resid_pre(model, corrupted, clean_cache, metric)        # [layers, positions]
 
+The metric gets what the model's call returns (metrics.py): for a model loaded with transformer_lens=True, the
+logits, as TransformerLens' patching functions give them, and it may return one number for the batch as TL's do.
+
 Cache what the sweep patches, not every name: caching the attention probabilities sends the clean run down the
 explicit attention path, and the patched runs (which do not cache them) down the fused one, whose last bits
 differ.
@@ -31,6 +34,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from ..outputs import logits_of
 from .metrics import LogitDiff, TokenLogit, TokenLogProb, normalized, per_prompt
 
 DEFAULT_BATCH_SIZE = 32  # rows (patched copies x prompts) per forward pass: bounds the memory a sweep takes
@@ -51,7 +55,8 @@ class Patch:
 def run_patches(model, tokens, patches: Sequence[Patch], sources: Mapping[str, torch.Tensor], metric: Metric, *,
                 batch_size: int = DEFAULT_BATCH_SIZE, vector_metric: bool = False) -> torch.Tensor:
     """The metric of one run of `tokens` per patch: [len(patches), batch] float64 on the CPU ([..., k] with
-    `vector_metric`, where the metric may give a vector per prompt).
+    `vector_metric`, where the metric may give a vector per prompt; [len(patches), 1] for a metric that gives one
+    number for the batch).
 
     tokens: input_ids [b, s], or a dict of forward arguments (input_ids, attention_mask, token_type_ids,
     position_ids, flags such as output_attentions). sources: hook name -> the values a patch writes there,
@@ -70,18 +75,20 @@ def run_patches(model, tokens, patches: Sequence[Patch], sources: Mapping[str, t
         if patch.where.dtype != torch.bool:
             raise ValueError(f"Patch({patch.name!r}).where must be bool, got {patch.where.dtype}")
     with torch.no_grad():
-        output, unpatched = model.run_with_cache(**inputs, names=list(dict.fromkeys(p.name for p in patches)))
-        values = [check_metric(metric(output), batch, vector_metric)] * len(patches)
+        output, unpatched = model.run_with_cache(**inputs, names=list(dict.fromkeys(p.name for p in patches)),
+                                                 return_type="output")
+        check_positions(model, metric, inputs, output)
+        values = [check_metric(measure(model, metric, output), batch, vector_metric)] * len(patches)
         runs = [i for i, patch in enumerate(patches) if not _writes_nothing_new(patch, sources, unpatched)]
         per_forward = max(1, batch_size // batch)
         kept, patched_metric = _logits_read(model, inputs, patches, metric)
         for start in range(0, len(runs), per_forward):
             chunk = runs[start:start + per_forward]
-            output = model.run_with_hooks(**_repeated(inputs, len(chunk), batch), **kept,
+            output = model.run_with_hooks(**_repeated(inputs, len(chunk), batch), **kept, return_type="output",
                                           hooks=_writers([patches[i] for i in chunk], sources, batch))
             for j, i in enumerate(chunk):
-                values[i] = check_metric(patched_metric(prompt_rows(output, j * batch, (j + 1) * batch)), batch,
-                                         vector_metric)
+                rows = prompt_rows(output, j * batch, (j + 1) * batch)
+                values[i] = check_metric(measure(model, patched_metric, rows), batch, vector_metric)
     if not values:
         return torch.empty(0, batch, dtype=torch.float64)
     return torch.stack(values).double().cpu()
@@ -102,7 +109,7 @@ def _logits_read(model, inputs: dict, patches: Sequence[Patch], metric: Metric) 
         return {}, metric
     ids = inputs["input_ids"]
     batch, seq = ids.shape
-    at = per_prompt(metric.positions, batch, "positions", ids.device)
+    at = per_prompt(-1 if metric.positions is None else metric.positions, batch, "positions", ids.device)
     if bool(((at < -seq) | (at >= seq)).any()):
         return {}, metric  # the metric says what is wrong when it reads the unpatched run
     at = at % seq
@@ -135,15 +142,40 @@ def forward_inputs(tokens) -> dict:
     return inputs
 
 
+def measure(model, metric: Metric, output):
+    """metric(what the model's call returns for `output`): the output object, or TransformerLens' logits."""
+    return metric(model.returned(output))
+
+
 def check_metric(value, batch: int, vector_metric: bool = False) -> torch.Tensor:
+    """The metric's value as [batch] ([batch, k] for a vector metric), or [1] for one number for the batch (what
+    TransformerLens' patching metrics return)."""
     shapes = "[batch] or [batch, k]" if vector_metric else "[batch]"
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"the metric returned {type(value).__name__}; it returns a tensor {shapes}, one value per "
-                         "prompt")
+                         "prompt, or one number for the batch")
+    if value.dim() == 0:
+        return value.detach().reshape(1)
     if value.dim() not in ((1, 2) if vector_metric else (1,)) or value.shape[0] != batch:
         raise ValueError(f"the metric returned shape {tuple(value.shape)} for {batch} prompts; it returns {shapes}, "
-                         "one value per prompt (not their mean)")
+                         "one value per prompt, or one number for the batch")
     return value.detach()
+
+
+def check_positions(model, metric: Metric, inputs: dict, output) -> None:
+    """A token metric without positions reads the last position of per-position logits: right for a causal
+    model's prompts unless one is right-padded (its last column is padding), wrong for BERT's MLM head, whose
+    masked token is elsewhere."""
+    if (not isinstance(metric, (LogitDiff, TokenLogit, TokenLogProb)) or metric.positions is not None
+            or logits_of(output).dim() != 3):
+        return
+    if not model.family.causal:
+        raise ValueError(f"{type(metric).__name__} without positions reads the last position, the next token of a "
+                         f"causal model; {type(model).__name__} is not one: give positions (the masked token's)")
+    mask = inputs.get("attention_mask")
+    if mask is not None and not bool(mask[:, -1].bool().all()):
+        raise ValueError(f"{type(metric).__name__} without positions reads the last position, and a prompt is "
+                         "right-padded there: give positions=last_positions(attention_mask)")
 
 
 def prompt_rows(output, start: int, stop: int):
@@ -369,12 +401,15 @@ def attribution_patch(model, clean_tokens, corrupted_tokens, metric: Metric,
         return x.detach().requires_grad_()
 
     with torch.enable_grad():
-        output = model.run_with_hooks(**corrupted, hooks=[("embeddings.word", start_graph),
-                                                          *((name, capture) for name in wanted)])
+        output = model.run_with_hooks(**corrupted, return_type="output",
+                                      hooks=[("embeddings.word", start_graph), *((name, capture) for name in wanted)])
         batch = corrupted["input_ids"].shape[0]
-        value = metric(output)
+        check_positions(model, metric, corrupted, output)
+        value = measure(model, metric, output)
         check_metric(value, batch)
         grads = torch.autograd.grad(value.sum(), [captured[name] for name in wanted], allow_unused=True)
+    # per prompt: the mean of the prompts' estimates; one number for the batch: its own estimate, over every prompt
+    over_prompts = torch.sum if value.dim() == 0 else torch.mean
     grad_of = dict(zip(wanted, grads))
     result = {}
     for component, per_layer in names.items():
@@ -384,8 +419,8 @@ def attribution_patch(model, clean_tokens, corrupted_tokens, metric: Metric,
             corrupted_value = captured[name].detach()
             delta = clean_activation(clean_cache, name, corrupted, seq_dim) - corrupted_value
             grad = grad_of[name] if grad_of[name] is not None else torch.zeros_like(corrupted_value)
-            # per prompt: sum over the last dimension, then the mean over the prompts
-            estimates.append((delta.double() * grad.double()).sum(-1).mean(0).cpu())
+            # sum over the last dimension, then over the prompts
+            estimates.append(over_prompts((delta.double() * grad.double()).sum(-1), 0).cpu())
         stacked = torch.stack(estimates)  # [layers, s] or, for z, [layers, n, s]
         result[component] = stacked.transpose(1, 2) if component == "z" else stacked
     return result
@@ -444,10 +479,10 @@ def activation_patching(model, clean_tokens, corrupted_tokens, metric: Metric, *
     wanted = list(dict.fromkeys(SWEPT[sweep] for sweep in sweeps))
     names = [hook_name(model, component, layer) for component in wanted for layer in range(num_layers(model))]
     with torch.no_grad():
-        clean_output, clean_cache = model.run_with_cache(**clean, names=names)
-        corrupted_output = model(**corrupted)
-    clean_metric = float(check_metric(metric(clean_output), batch).double().mean())
-    corrupted_metric = float(check_metric(metric(corrupted_output), batch).double().mean())
+        clean_output, clean_cache = model.run_with_cache(**clean, names=names, return_type="output")
+        corrupted_output = model(**corrupted, return_type="output")
+    clean_metric = float(check_metric(measure(model, metric, clean_output), batch).double().mean())
+    corrupted_metric = float(check_metric(measure(model, metric, corrupted_output), batch).double().mean())
     patched = {sweep: SWEEPS[sweep](model, corrupted, clean_cache, metric, batch_size=batch_size) for sweep in sweeps}
     estimates = {}
     if attribution:

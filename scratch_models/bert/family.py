@@ -3,6 +3,7 @@
 from weight_mapping import BERT
 
 from ..family import Family, ResidualStream
+from . import transformer_lens
 from .config import BertConfig
 from .model import BertForMaskedLM, BertModel
 from .task_heads import (BertForMultipleChoice, BertForNextSentencePrediction, BertForPreTraining,
@@ -70,6 +71,7 @@ FAMILY = Family(
 stream between layers is always normalised: `layers.{i}.out` (after the MLP's LayerNorm) is what layer i + 1
 reads and is transformers' `hidden_states[i + 1]`; `embeddings.out` is `hidden_states[0]`. The sums before
 each LayerNorm, `layers.{i}.attn.resid` and `layers.{i}.mlp.resid`, are never returned by transformers.""",
+    transformer_lens=transformer_lens.TABLE,
     output_fields={
         "embeddings.out": "hidden_states[0]",
         "layers.{i}.attn.probs": "attentions[i]",

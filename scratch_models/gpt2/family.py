@@ -3,6 +3,7 @@
 from weight_mapping import GPT2
 
 from ..family import Family, PreLNStream
+from . import transformer_lens
 from .config import GPT2Config
 from .model import GPT2LMHeadModel, GPT2Model
 from .task_heads import (GPT2DoubleHeadsModel, GPT2ForQuestionAnswering, GPT2ForSequenceClassification,
@@ -37,6 +38,7 @@ residual stream that is never normalised in place. The stream is `embeddings.out
 `layers.{i}.resid_mid` between attention and MLP, and `layers.{i}.out` after block i; transformers'
 `hidden_states[i + 1]` is `layers.{i}.out` for every block but the last, whose place transformers gives to the
 final LayerNorm's output: `hidden_states[-1]` (and `GPT2Model`'s `last_hidden_state`) is `ln_f`.""",
+    transformer_lens=transformer_lens.TABLE,
     output_fields={
         "embeddings.out": "hidden_states[0]",
         "layers.{i}.attn.probs": "attentions[i]",

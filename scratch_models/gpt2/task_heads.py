@@ -20,7 +20,7 @@ from torch import nn
 
 from ..activations import get_activation
 from ..config import ConfigError
-from ..decoder import untied_lm_head
+from ..decoder import add_lm_head
 from ..decoder_heads import QuestionAnswering, SequenceClassification, TokenClassification
 from ..generation import KVCache
 from ..hook_point import HookPoint
@@ -84,7 +84,7 @@ class GPT2DoubleHeadsModel(GPT2Model):
 
     def __init__(self, config: GPT2Config):
         super().__init__(config)
-        self.lm_head = untied_lm_head(config)
+        add_lm_head(self, config)
         self.logits = HookPoint("b, c, s, V", "scores over the vocabulary for the next token, per choice and position")
         self.multiple_choice_head = GPT2SequenceSummary(config)
         self.mc_logits = HookPoint("b, c", "each choice's score (the multiple-choice head at its mc_token_ids)")

@@ -12,6 +12,7 @@ from scratch_models import activation_cache
 from scratch_models.activation_cache import ActivationCache
 from scratch_models.analysis import lens_table
 from scratch_models.families import FAMILIES
+from scratch_models.lens_names import Alias, Missing
 from scratch_models.pretrained import PretrainedModel
 from scratch_models.tokenizer import Tokenizer
 
@@ -55,6 +56,8 @@ def hook_names_markdown() -> str:
         for name, doc, module in _hook_rows(models, family.table):
             field = family.output_fields.get(name, "")
             lines.append(f"| `{name}` | {_cell(doc)} | {f'`{_cell(field)}`' if field else ''} | {module} |")
+        if family.transformer_lens is not None:
+            lines += ["", lens_markdown(family, models[1] if len(models) > 1 else models[0])]
         sections.append("\n".join(lines))
     intro = """# Hook names
 
@@ -66,6 +69,11 @@ returns a replacement tensor or None. `model.hook_names()` lists them in forward
 `model.hook_docs()` gives the descriptions below. `{i}` is the layer index; an unknown name is an error that
 suggests the closest ones.
 
+TransformerLens' names work too, wherever a name is taken (`blocks.{i}.attn.hook_z`, `cache["pattern", 0]`), each
+giving TransformerLens' tensor in its layout: each family's table below says which of ours it is. TL's calls go with
+them: `run_with_hooks(fwd_hooks=[(name or filter, fn)])` with `fn(tensor, hook)`, `run_with_cache(names_filter=...)`,
+`model.add_hook`, `model.cfg`, `model.W_Q`, ... (scratch_models/lens_compat.py).
+
 Shapes: b batch, s sequence (new tokens in a causal model), p tokens already in its KV cache, h hidden size,
 n heads, d = h / n head size, m MLP width, V vocabulary. Hook points cost one attribute test when nobody listens.
 The attention `scores` and `probs` exist only on the explicit attention path: listening to either (or passing
@@ -74,13 +82,50 @@ The attention `scores` and `probs` exist only on the explicit attention path: li
     return intro + "\n" + "\n\n".join(sections) + "\n\n" + helpers_markdown() + "\n"
 
 
+def lens_markdown(family, model) -> str:
+    """The family's TransformerLens names (its transformer_lens.py): each hook name, the tensor of ours it shows
+    and how; its weights and config fields."""
+    table = family.transformer_lens
+    with torch.device("meta"):  # two layers, to show what a name reads at block 0 and after
+        model = type(model)(family.tiny(**{family.table.layers_field: 2}))
+    resolved = model.lens_names()
+    lines = [f"### {family.title} in TransformerLens' names", "", table.summary, "",
+             "| TransformerLens name | ours | TL's tensor |", "|---|---|---|"]
+    for template, entry in table.hooks.items():
+        at = [resolved[template.format(i=layer)] for layer in ((0, 1) if "{i}" in template else (None,))]
+        if isinstance(entry, Missing):
+            ours, how = "", f"none: {entry.reason}"
+        else:
+            sources = [_template(r.source, r.layer) for r in at if r.source]
+            ours = ", then ".join(f"`{source}`" for source in dict.fromkeys(sources)) or "(not in every class)"
+            how = entry.layout.note if isinstance(entry, Alias) else f"{entry.note} (`{entry.norm}`)"
+        lines.append(f"| `{template}` | {ours} | {_cell(how) or 'the same tensor'} |")
+    weights = ", ".join(f"`{name}`" for name in table.weights)
+    fields = ", ".join(f"`{name}`" for name in table.config(family.tiny()))
+    lines += ["", f"Weights (`model.blocks[i].attn.W_Q`, ...; stacked over the layers as `model.W_Q`): {weights}.",
+              f"`model.cfg` fields from the family's config: {fields}; the rest are TransformerLens' defaults."]
+    return "\n".join(lines)
+
+
+def _template(name: str, layer: int | None) -> str:
+    """`layers.1.out` read at block 1 as `layers.{i}.out`, at block 1 from block 0 as `layers.{i-1}.out`."""
+    if layer is None:
+        return name
+    name = re.sub(rf"^layers\.{layer}\.", "layers.{i}.", name)
+    return re.sub(rf"^layers\.{layer - 1}\.", "layers.{i-1}.", name) if layer else name
+
+
 def helpers_markdown() -> str:
     """What run_with_cache returns, and the helpers on the cache and the model: one line each, from the code."""
     rows = [(f"cache.{name}", member) for name, member in vars(ActivationCache).items()
             if not name.startswith("_") and callable(member)]
     rows += [(f"scratch_models.analysis.{f.__name__}", f) for f in (lens_table,)]
     rows += [(f"model.{f.__name__}", f) for f in (PretrainedModel.to_tokens, PretrainedModel.to_str_tokens,
-                                                   PretrainedModel.to_string)]
+                                                   PretrainedModel.to_string, PretrainedModel.to_single_token,
+                                                   PretrainedModel.get_token_position,
+                                                   PretrainedModel.tokens_to_residual_directions,
+                                                   PretrainedModel.loss_fn, PretrainedModel.add_hook,
+                                                   PretrainedModel.reset_hooks)]
     rows += [("model.tokenizer", Tokenizer), ("model.tokenizer", Tokenizer.__call__)]
     lines = ["## Analysis: the `ActivationCache` and its helpers", "", inspect.cleandoc(activation_cache.__doc__), "",
              "| call | what it gives |", "|---|---|"]

@@ -349,12 +349,21 @@ def test_refuses_prompts_padded_differently():
     assert get_act_patch_resid_pre(model, corrupted, plain, answer_metric(corrupted)).shape == (2, SEQ)
 
 
-def test_refuses_a_metric_that_averages_over_the_prompts():
+def test_a_metric_of_one_number_for_the_batch_is_taken_as_transformer_lens_takes_it():
+    """TL's patching metrics average over the prompts themselves: their number is each patch's value (for a mean,
+    the per-prompt sweep's mean); its attribution estimate sums the prompts' shares instead of averaging them.
+    Neither a shape per prompt but the wrong one, nor a float, is taken."""
     model = small("gpt2")
     clean, corrupted = prompts("none", 1), prompts("none", 2)
     _, clean_cache = model.run_with_cache(**clean)
-    with pytest.raises(ValueError, match=r"returned shape \(\) for 2 prompts; it returns \[batch\]"):
-        get_act_patch_resid_pre(model, corrupted, clean_cache, lambda out: answer_metric(corrupted)(out).mean())
+    per_prompt = answer_metric(corrupted)
+    mean = get_act_patch_resid_pre(model, corrupted, clean_cache, lambda out: per_prompt(out).mean())
+    assert torch.allclose(mean, get_act_patch_resid_pre(model, corrupted, clean_cache, per_prompt), atol=1e-12)
+    estimates = attribution_patch(model, clean, corrupted, lambda out: per_prompt(out).mean(), components=["z"])
+    assert torch.allclose(estimates["z"], attribution_patch(model, clean, corrupted, per_prompt, components=["z"])["z"],
+                          atol=1e-12)
+    with pytest.raises(ValueError, match=r"returned shape \(3,\) for 2 prompts; it returns \[batch\]"):
+        get_act_patch_resid_pre(model, corrupted, clean_cache, lambda out: torch.zeros(3))
     with pytest.raises(ValueError, match="returned float"):
         get_act_patch_resid_pre(model, corrupted, clean_cache, lambda out: 1.0)
 
@@ -393,8 +402,7 @@ def test_other_refusals():
 def test_metric_refusals():
     model = small("gpt2")
     output = model(**prompts("none", 1))
-    with pytest.raises(ValueError, match="give positions"):
-        TokenLogit(3)(output)
+    assert torch.equal(TokenLogit(3)(output), output.logits[:, -1, 3])  # no positions: the last
     with pytest.raises(ValueError, match=r"positions \[9, 9\] out of range for 7 positions"):
         TokenLogit(3, positions=9)(output)
     with pytest.raises(ValueError, match=r"token \[97, 97\] out of range: the output has 97 entries"):

@@ -1,0 +1,105 @@
+"""GPT-2 in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens_names.py).
+
+TL's GPT-2 is this model: pre-LN, so every TL name has a tensor of ours. The LayerNorms' `hook_scale` and
+`hook_normalized` are computed from the stream each LayerNorm reads (no hook point of ours holds them), so they can
+be read but not edited. Weights are views of our parameters where TL's shape allows, laid out as TL lays them:
+W_Q [n, h, d] per block, [layers, n, h, d] on the model.
+"""
+
+import torch
+
+from ..lens_names import BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, final_stream, \
+    resid_pre
+
+HOOKS = {
+    "hook_embed": Alias("embeddings.word"),
+    "hook_pos_embed": Alias("embeddings.position", BATCH),
+    "blocks.{i}.hook_resid_pre": Alias(resid_pre),
+    "blocks.{i}.ln1.hook_scale": LayerNormScale(resid_pre, "layers.{i}.norm_1"),
+    "blocks.{i}.ln1.hook_normalized": LayerNormNormalized(resid_pre, "layers.{i}.norm_1"),
+    "blocks.{i}.ln1.hook_out": Alias("layers.{i}.ln_1"),
+    "blocks.{i}.attn.hook_q": Alias("layers.{i}.attn.q", HEADS),
+    "blocks.{i}.attn.hook_k": Alias("layers.{i}.attn.k", HEADS),
+    "blocks.{i}.attn.hook_v": Alias("layers.{i}.attn.v", HEADS),
+    "blocks.{i}.attn.hook_attn_scores": Alias("layers.{i}.attn.scores", SCORES),
+    "blocks.{i}.attn.hook_pattern": Alias("layers.{i}.attn.probs"),
+    "blocks.{i}.attn.hook_z": Alias("layers.{i}.attn.context", HEADS),
+    "blocks.{i}.attn.hook_result": Alias("layers.{i}.attn.result"),
+    "blocks.{i}.hook_attn_out": Alias("layers.{i}.attn.proj"),
+    "blocks.{i}.hook_resid_mid": Alias("layers.{i}.resid_mid"),
+    "blocks.{i}.ln2.hook_scale": LayerNormScale("layers.{i}.resid_mid", "layers.{i}.norm_2"),
+    "blocks.{i}.ln2.hook_normalized": LayerNormNormalized("layers.{i}.resid_mid", "layers.{i}.norm_2"),
+    "blocks.{i}.ln2.hook_out": Alias("layers.{i}.ln_2"),
+    "blocks.{i}.mlp.hook_pre": Alias("layers.{i}.mlp.pre_act"),
+    "blocks.{i}.mlp.hook_post": Alias("layers.{i}.mlp.post_act"),
+    "blocks.{i}.hook_mlp_out": Alias("layers.{i}.mlp.proj"),
+    "blocks.{i}.hook_resid_post": Alias("layers.{i}.out"),
+    "ln_final.hook_scale": LayerNormScale(final_stream, "norm_f"),
+    "ln_final.hook_normalized": LayerNormNormalized(final_stream, "norm_f"),
+    "ln_final.hook_out": Alias("ln_f"),
+    "hook_unembed": Alias("logits"),
+}
+
+
+def _attn(model, layer):
+    return model.layers[layer].attn
+
+
+def _qkv(which: int):
+    """W_Q, W_K or W_V [n, h, d]: c_attn's weight [h, 3h] holds q, k and v side by side, columns head by head."""
+    def weight(model, layer):
+        attn = _attn(model, layer)
+        h = attn.c_attn.weight.shape[0]
+        return attn.c_attn.weight[:, which * h:(which + 1) * h].unflatten(1, (attn.num_heads, -1)).transpose(0, 1)
+    return weight
+
+
+def _qkv_bias(which: int):
+    def bias(model, layer):
+        attn = _attn(model, layer)
+        h = attn.c_attn.weight.shape[0]
+        return attn.c_attn.bias[which * h:(which + 1) * h].unflatten(0, (attn.num_heads, -1))
+    return bias
+
+
+WEIGHTS = {
+    "embed.W_E": lambda model, _: model.embeddings.wte.weight,
+    "pos_embed.W_pos": lambda model, _: model.embeddings.wpe.weight,
+    "blocks.{i}.ln1.w": lambda model, layer: model.layers[layer].norm_1.weight,
+    "blocks.{i}.ln1.b": lambda model, layer: model.layers[layer].norm_1.bias,
+    "blocks.{i}.attn.W_Q": _qkv(0),
+    "blocks.{i}.attn.W_K": _qkv(1),
+    "blocks.{i}.attn.W_V": _qkv(2),
+    "blocks.{i}.attn.b_Q": _qkv_bias(0),
+    "blocks.{i}.attn.b_K": _qkv_bias(1),
+    "blocks.{i}.attn.b_V": _qkv_bias(2),
+    # c_proj's weight [n * d, h]: input rows head by head
+    "blocks.{i}.attn.W_O": lambda model, layer: _attn(model, layer).c_proj.weight.unflatten(
+        0, (_attn(model, layer).num_heads, -1)),
+    "blocks.{i}.attn.b_O": lambda model, layer: _attn(model, layer).c_proj.bias,
+    "blocks.{i}.ln2.w": lambda model, layer: model.layers[layer].norm_2.weight,
+    "blocks.{i}.ln2.b": lambda model, layer: model.layers[layer].norm_2.bias,
+    "blocks.{i}.mlp.W_in": lambda model, layer: model.layers[layer].mlp.c_fc.weight,
+    "blocks.{i}.mlp.b_in": lambda model, layer: model.layers[layer].mlp.c_fc.bias,
+    "blocks.{i}.mlp.W_out": lambda model, layer: model.layers[layer].mlp.c_proj.weight,
+    "blocks.{i}.mlp.b_out": lambda model, layer: model.layers[layer].mlp.c_proj.bias,
+    "ln_final.w": lambda model, _: model.norm_f.weight,
+    "ln_final.b": lambda model, _: model.norm_f.bias,
+    "unembed.W_U": lambda model, _: model.output_embeddings.T,
+    # GPT-2's head has no bias: TL gives zeros
+    "unembed.b_U": lambda model, _: torch.zeros_like(model.output_embeddings[:, 0]),
+}
+
+
+def config(config) -> dict:
+    return dict(n_layers=config.n_layer, d_model=config.n_embd, n_heads=config.n_head, d_head=config.head_dim,
+                d_mlp=config.inner_dim, d_vocab=config.vocab_size, n_ctx=config.n_positions,
+                act_fn=config.activation_function, eps=config.layer_norm_epsilon,
+                scale_attn_by_inverse_layer_idx=config.scale_attn_by_inverse_layer_idx,
+                use_attn_scale=config.scale_attn_weights, tie_word_embeddings=config.tie_word_embeddings)
+
+
+TABLE = LensTable(HOOKS, WEIGHTS, config, summary="""GPT-2 is TransformerLens' own model: every name has its
+tensor. `hook_scale` and `hook_normalized` (TransformerBridge's meaning: the stream centred and divided by the
+scale, before the LayerNorm's weight) are computed from the stream the LayerNorm reads, so they can be read and
+watched, not edited.""")

@@ -1,0 +1,321 @@
+"""TransformerLens' model API beside ours: what a TL user's code asks of a model, mixed into PretrainedModel.
+
+    model = GPT2LMHeadModel.from_pretrained("gpt2", transformer_lens=True)   # calls return logits, BOS prepended
+    logits = model("After John and Mary went to the store, John gave a bottle of milk to")
+    loss = model(tokens, return_type="loss")
+    model.cfg.n_layers, model.W_U, model.blocks[0].attn.W_Q, model.to_single_token(" Mary")
+
+- A call takes text (a string or a list of strings, padded with an attention mask when their lengths differ) and
+  TL's `return_type`: "logits", "loss" (the next-token cross-entropy), "both", None; ours, "output", is the
+  output object with transformers' field names and the default. `transformer_lens=True` at loading sets the two
+  defaults a TL user expects: `default_return_type = "logits"` and, for a causal family, `default_prepend_bos`.
+- `cfg`: TL's config field names (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab, n_ctx, act_fn, ...).
+- Weights in TL's shapes, views of our parameters where TL's layout allows: W_E [V, h], W_pos [n_ctx, h],
+  W_U [h, V], b_U, and per layer stacked W_Q / W_K / W_V [l, n, h, d], W_O [l, n, d, h], b_Q / b_K / b_V [l, n, d],
+  b_O [l, h], W_in [l, h, m], W_out [l, m, h], b_in, b_out; per block `model.blocks[l].attn.W_Q` [n, h, d], ...,
+  `model.blocks[l].ln1.w`, `model.embed.W_E`, `model.unembed.W_U`, `model.ln_final.w`; TL hook names on the same
+  paths are hooks (`model.blocks[3].attn.hook_z.add_hook(fn)`).
+- `to_single_token`, `get_token_position`, `tokens_to_residual_directions`, `loss_fn`.
+
+Which tensor each name means, per family, is the family's table (scratch_models/lens_names.py).
+"""
+
+import dataclasses
+import inspect
+import re
+
+import torch
+import torch.nn.functional as F
+
+from .lens_names import Resolved
+from .outputs import logits_of
+
+RETURN_TYPES = ("output", "logits", "loss", "both", None)
+_CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padding_side", "input"})
+
+# TL's model-level weight attributes: the table path of a model-wide weight, or the per-block path of one stacked
+# over the layers
+_MODEL_WEIGHTS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U"}
+_STACKED_WEIGHTS = {name: f"attn.{name}" for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")} | \
+                   {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_out", "b_out")}
+
+
+@dataclasses.dataclass(frozen=True)
+class LensConfig:
+    """A model's config in TransformerLens' field names (TL's HookedTransformerConfig / TransformerBridgeConfig);
+    the family's own fields come from its table's `config`."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+    act_fn: str
+    eps: float
+    d_vocab_out: int
+    original_architecture: str
+    model_name: str
+    device: torch.device
+    dtype: torch.dtype
+    default_prepend_bos: bool
+    attention_dir: str  # "causal" or "bidirectional"
+    normalization_type: str = "LN"
+    positional_embedding_type: str = "standard"
+    tie_word_embeddings: bool = True
+    attn_only: bool = False
+    gated_mlp: bool = False
+    final_rms: bool = False
+    parallel_attn_mlp: bool = False
+    use_attn_scale: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    n_key_value_heads: int | None = None
+    rotary_dim: int | None = None
+    rotary_base: float | None = None
+
+
+class LensUnavailable(AttributeError):
+    """A TransformerLens attribute this model cannot give, and why. An AttributeError, so hasattr() and what walks a
+    model's attributes (torch.jit.trace reads every one) pass it by; its message outlives nn.Module's own lookup,
+    which would otherwise replace it with "has no attribute" (TransformerLensMixin.__getattr__)."""
+
+
+class TransformerLensMixin:
+    """TransformerLens' model attributes and call conventions (see the module's doc)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            attribute = getattr(type(self), name, None)
+            if isinstance(attribute, property):  # a TL attribute that failed: say why, not only that it is missing
+                try:
+                    attribute.fget(self)
+                except LensUnavailable as e:
+                    raise LensUnavailable(str(e)) from None
+            raise
+
+    # what a call returns when it does not say (return_type): "output" (ours) or TL's "logits"
+    default_return_type = "output"
+    # whether text gets a BOS token in front when a call does not say (prepend_bos); TL prepends one to GPT-2's
+    default_prepend_bos = False
+
+    # ---- calls ----------------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs):
+            return super().__call__(*args, **kwargs)
+        return_type = kwargs.pop("return_type", self.default_return_type)
+        per_token = kwargs.pop("loss_per_token", False)
+        if return_type not in RETURN_TYPES:
+            raise ValueError(f"return_type must be one of {', '.join(map(repr, RETURN_TYPES))}, got {return_type!r}")
+        args, kwargs = self.call_inputs(args, kwargs)
+        output = super().__call__(*args, **kwargs)
+        if return_type in ("output", None):
+            return output if return_type else None
+        logits = logits_of(output)
+        if return_type == "logits":
+            return logits
+        arguments = inspect.signature(self.forward).bind(*args, **kwargs).arguments
+        loss = self.loss_fn(logits, arguments["input_ids"], arguments.get("attention_mask"), per_token=per_token)
+        return loss if return_type == "loss" else (logits, loss)
+
+    def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Text given in place of input_ids (positionally, as `input_ids` or as TL's `input`) turned into token ids
+        with the model's tokenizer, with `prepend_bos` (default: `default_prepend_bos`) and `padding_side`; texts of
+        different lengths get their attention_mask. Token ids pass as they are (prepend_bos then means nothing,
+        as in TL)."""
+        kwargs = dict(kwargs)
+        prepend_bos = kwargs.pop("prepend_bos", None)
+        padding_side = kwargs.pop("padding_side", None)
+        if "input" in kwargs:
+            if args or "input_ids" in kwargs:
+                raise ValueError("give the input once: as `input` (TransformerLens' name) or input_ids")
+            kwargs["input_ids"] = kwargs.pop("input")
+        if not _is_text(args, kwargs):
+            return args, kwargs
+        if len(args) > 1:
+            raise ValueError("text comes alone: the tokenizer makes its attention_mask; pass other arguments by name")
+        text = args[0] if args else kwargs.pop("input_ids")
+        batch = self._tokenizer()(text, prepend_bos=self.default_prepend_bos if prepend_bos is None else prepend_bos,
+                                  padding_side=padding_side or "right", device=self._device())
+        for name in ("attention_mask", "token_type_ids"):
+            if name in kwargs and name in batch:
+                raise ValueError(f"{name} is made by the tokenizer from the text: give token ids to pass your own")
+        if bool(batch["attention_mask"].all()):
+            del batch["attention_mask"]  # nothing padded
+        return (), kwargs | batch
+
+    def returned(self, output):
+        """`output` (an output object) as a call returns it by default: itself, or its logits in TL's way."""
+        return logits_of(output) if self.default_return_type == "logits" else output
+
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                per_token: bool = False) -> torch.Tensor:
+        """TransformerLens' language-model loss: the cross-entropy of predicting tokens[:, t + 1] from
+        logits[:, t], in float32 at least, over the pairs the attention_mask keeps both ends of; the mean, or
+        [b, s - 1] per position with `per_token` (0 where masked)."""
+        if not self.family.causal:
+            raise ValueError(f"the next-token loss belongs to causal language models; {type(self).__name__} is "
+                             f"not one: pass labels to the forward and read .loss")
+        if logits.dim() != 3 or logits.shape[:2] != tokens.shape:
+            raise ValueError(f"loss_fn needs logits [batch, seq, vocab] for tokens {tuple(tokens.shape)}, got "
+                             f"{tuple(logits.shape)}")
+        log_probs = F.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        picked = log_probs.gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+        if attention_mask is None:
+            return -picked if per_token else -picked.mean()
+        kept = (attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()).to(picked.device)
+        picked = picked * kept
+        return -picked if per_token else -picked.sum() / kept.sum()
+
+    # ---- text -----------------------------------------------------------------------------------------------------
+
+    def to_single_token(self, string: str) -> int:
+        """The id of `string`, which must be one token (no special tokens added)."""
+        ids = self._tokenizer().encode(string, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{string!r} is {len(ids)} tokens, not one: {self._tokenizer().str_tokens(ids)}")
+        return ids[0]
+
+    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: bool | None = None,
+                           padding_side: str | None = None) -> int:
+        """Where `single_token` (a string of one token, or an id) first (mode="first") or last ("last") occurs in
+        `input`: a text (tokenized as to_tokens would) or the token ids of one sequence."""
+        if mode not in ("first", "last"):
+            raise ValueError(f"mode must be 'first' or 'last', got {mode!r}")
+        token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
+        if isinstance(input, str):
+            tokens = self.to_tokens(input, prepend_bos=prepend_bos)
+        else:
+            tokens = torch.as_tensor(input)
+        if tokens.dim() == 2:
+            if tokens.shape[0] != 1:
+                raise ValueError(f"get_token_position reads one sequence; got a batch of {tokens.shape[0]}")
+            tokens = tokens[0]
+        found = (tokens == token).nonzero().flatten()
+        if found.numel() == 0:
+            raise ValueError(f"token {token} ({self._tokenizer().str_tokens([token])[0]!r}) is not in the input")
+        return int(found[0] if mode == "first" else found[-1])
+
+    def tokens_to_residual_directions(self, tokens) -> torch.Tensor:
+        """Each token's column of W_U, the direction in the residual stream whose dot product (after the final
+        LayerNorm) is its logit: [h] for one token (an id or a string of one token), [*tokens.shape, h] for a
+        tensor of ids."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        return self.W_U[:, torch.as_tensor(tokens, device=self.W_U.device)].movedim(0, -1)
+
+    # ---- config and weights ---------------------------------------------------------------------------------------
+
+    @property
+    def cfg(self) -> LensConfig:
+        """This model's config in TransformerLens' field names (a snapshot; our own is `config`)."""
+        family, parameter = self.family, next(self.parameters())
+        own = self.lens_table().config(self.config)
+        return LensConfig(**{"d_vocab_out": own["d_vocab"], "original_architecture": type(self).__name__,
+                             "model_name": str(getattr(self.tokenizer, "source", "")), "device": parameter.device,
+                             "dtype": parameter.dtype, "default_prepend_bos": self.default_prepend_bos,
+                             "attention_dir": "causal" if family.causal else "bidirectional"} | own)
+
+    @property
+    def blocks(self) -> "LensBlocks":
+        """The layers as TransformerLens names them: `model.blocks[3].attn.W_Q`, `model.blocks[3].attn.hook_z`."""
+        return LensBlocks(self)
+
+    embed = property(lambda self: LensView(self, "embed"), doc="TL's embed: `model.embed.W_E`")
+    pos_embed = property(lambda self: LensView(self, "pos_embed"), doc="TL's pos_embed: `model.pos_embed.W_pos`")
+    unembed = property(lambda self: LensView(self, "unembed"), doc="TL's unembed: `model.unembed.W_U`, `.b_U`")
+    ln_final = property(lambda self: LensView(self, "ln_final"), doc="TL's final LayerNorm: `model.ln_final.w`")
+
+    def lens_attribute(self, path: str):
+        """What TransformerLens' `path` is on this model: a weight (`blocks.3.attn.W_Q`), a hook (`blocks.3.attn.
+        hook_z`, with add_hook), or a part holding more (`blocks.3.attn`)."""
+        from .hooks import LensHook
+
+        weights = self.lens_table().weights
+        template = re.sub(r"^blocks\.\d+\.", "blocks.{i}.", path)
+        if template in weights:
+            layer = int(path.split(".")[1]) if template != path else None
+            try:
+                return weights[template](self, layer)
+            except ValueError as e:  # the family's reason (BERT without its MLM head has no W_U)
+                raise LensUnavailable(str(e)) from None
+            except AttributeError as e:
+                raise LensUnavailable(f"TransformerLens' {path}: {e}") from None
+        names: dict[str, Resolved] = self.lens_names()
+        if path in names:
+            return LensHook(self, path)
+        inside = [name for name in [*names, *(template.replace("{i}", path.split(".")[1]) for template in weights)]
+                  if name.startswith(f"{path}.")]
+        if inside:
+            return LensView(self, path)
+        raise AttributeError(f"TransformerLens' {path} is not a weight, hook or part of this "
+                             f"{type(self).__name__}'s TL names (see scratch_models/{self.family.name}/"
+                             "transformer_lens.py)")
+
+    def lens_table(self):
+        """The family's TransformerLens table (scratch_models.lens_names.LensTable)."""
+        table = self.family.transformer_lens
+        if table is None:
+            raise LensUnavailable(f"the {self.family.title} family declares no TransformerLens names (Family."
+                                  "transformer_lens): TL's attributes and names are not available for it")
+        return table
+
+    def _stacked(self, path: str) -> torch.Tensor:
+        return torch.stack([self.lens_attribute(f"blocks.{layer}.{path}") for layer in range(len(self.layers))])
+
+
+def _model_weight(path: str):
+    return property(lambda self: self.lens_attribute(path), doc=f"TransformerLens' {path}")
+
+
+def _stacked_weight(path: str):
+    return property(lambda self: self._stacked(path), doc=f"TransformerLens' blocks[l].{path}, stacked over l")
+
+
+for _name, _path in _MODEL_WEIGHTS.items():
+    setattr(TransformerLensMixin, _name, _model_weight(_path))
+for _name, _path in _STACKED_WEIGHTS.items():
+    setattr(TransformerLensMixin, _name, _stacked_weight(_path))
+
+
+class LensView:
+    """A part of a model under its TransformerLens path (`blocks.3.attn`): its attributes are TL's weights, hooks
+    and parts below it."""
+
+    def __init__(self, model, path: str):
+        self._model, self._path = model, path
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._model.lens_attribute(f"{self._path}.{name}")
+
+    def __repr__(self) -> str:
+        return f"LensView({self._path})"
+
+
+class LensBlocks:
+    """`model.blocks`: one LensView per layer."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __len__(self) -> int:
+        return len(self._model.layers)
+
+    def __getitem__(self, layer: int) -> LensView:
+        if not -len(self) <= layer < len(self):
+            raise IndexError(f"block {layer} of {len(self)}")
+        return LensView(self._model, f"blocks.{layer % len(self)}")
+
+    def __iter__(self):
+        return (self[layer] for layer in range(len(self)))
+
+
+def _is_text(args: tuple, kwargs: dict) -> bool:
+    value = args[0] if args else kwargs.get("input_ids", kwargs.get("input"))
+    return isinstance(value, str) or (isinstance(value, (list, tuple)) and bool(value)
+                                      and all(isinstance(v, str) for v in value))

@@ -1,0 +1,263 @@
+"""TransformerLens' names for our tensors and weights, declared by each family in a table of its own.
+
+A TransformerLens (TL) user reads `blocks.3.attn.hook_z` [b, s, n, d] where our model holds `layers.3.attn.context`
+[b, n, s, d]. A family's `LensTable` (its package's transformer_lens.py, named by `Family.transformer_lens`) maps
+each TL hook name to the tensor of ours that holds the same values and the layout that turns ours into TL's:
+
+    Alias(source)            the same tensor (hook_resid_pre, hook_pattern, hook_mlp_out, ...)
+    Alias(source, HEADS)     heads and positions swapped: [b, n, s, d] <-> TL's [b, s, n, d] (hook_q/k/v/z)
+    Alias(source, SCORES)    blocked entries as TL writes them, -inf, where ours hold the dtype's lowest number
+    Alias(source, BATCH)     one row for the batch ([1, s, h]) shown as TL shows it, one per sequence
+    LayerNormScale/Normalized(source, norm)
+                             read only: TL's LayerNorm hooks (hook_scale, hook_normalized), computed from the
+                             stream the LayerNorm reads as TransformerLens computes them; editing one is refused
+    Missing(reason)          a TL name whose meaning this family has no counterpart for: the reason is the error
+
+`source` is our hook name with `{i}` for the layer, or a function of the family's ResidualStream and the layer
+(`resid_pre`, `final_stream`) for the stream between layers. The table's weights map TL's weight attributes
+(`blocks.{i}.attn.W_Q` [n, h, d], `unembed.W_U` [h, V], ...) to functions of the model and the layer, and its
+`config` gives TL's config fields. Nothing here imports transformer_lens; TL's names and shapes are facts.
+
+`act_name` is TL's `utils.get_act_name` grammar ("pattern", 0, "attn" -> "blocks.0.attn.hook_pattern"), which
+`cache[name, layer, kind]` keys use.
+"""
+
+import dataclasses
+import re
+from typing import Callable
+
+import torch
+
+# TL's shorthands for activation names (utils.get_act_name)
+_ACT_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
+                "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post"}
+_KIND_ALIASES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
+_ATTENTION = ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores")
+_MLP = ("pre", "post", "mid", "pre_linear")
+
+
+def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """TL's full hook name for a shorthand, as TL's `utils.get_act_name` builds it: ("resid_pre", 3) ->
+    "blocks.3.hook_resid_pre", ("z", 3, "attn") -> "blocks.3.attn.hook_z", ("attn", 0) -> the pattern,
+    ("embed") -> "hook_embed", ("scale") -> "ln_final.hook_scale", "k6" -> "blocks.6.attn.hook_k". A full name
+    comes back as it is."""
+    if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+        return name
+    packed = re.fullmatch(r"([a-z_]+?)(\d+)(.*)", name)
+    if packed is not None:  # "k6", "scale4ln1"
+        name, layer, layer_type = packed.group(1), int(packed.group(2)), packed.group(3) or None
+    name = _ACT_ALIASES.get(name, name)
+    if name in _ATTENTION:
+        layer_type = "attn"
+    elif name in _MLP:
+        layer_type = "mlp"
+    else:
+        layer_type = _KIND_ALIASES.get(layer_type, layer_type)
+    full = (f"blocks.{layer}." if layer is not None else "") + (f"{layer_type}." if layer_type else "") + f"hook_{name}"
+    if name in ("scale", "normalized") and layer is None:
+        full = f"ln_final.{full}"
+    return full
+
+
+# ---- layouts: how TL holds a tensor we hold ----------------------------------------------------------------------
+
+
+class Layout:
+    """Ours as TL's (`show`) and TL's back as ours (`take`, for an edit). `view`: `show` returns a view of ours, so
+    an edit TL-style code makes in place reaches our tensor. The default is the tensor itself."""
+
+    view = True
+    note = ""  # how TL's tensor differs from ours, for docs/hook_names.md
+
+    def show(self, x: torch.Tensor, batch: int | None) -> torch.Tensor:
+        return x
+
+    def take(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`y` (TL's layout, edited) as our tensor `x` is laid out."""
+        return y
+
+
+class _Heads(Layout):
+    note = "heads and positions swapped: ours [.., n, s, d], TL's [.., s, n, d]"
+
+    def show(self, x, batch):
+        return x.transpose(-3, -2)
+
+    def take(self, y, x):
+        return y.transpose(-3, -2)
+
+
+class _Scores(Layout):
+    view = False
+    note = "blocked entries -inf (ours: the dtype's lowest number)"
+
+    def show(self, x, batch):
+        return x.masked_fill(x == torch.finfo(x.dtype).min, float("-inf"))
+
+    def take(self, y, x):
+        return y.masked_fill(y == float("-inf"), torch.finfo(y.dtype).min)
+
+
+class _Batch(Layout):
+    note = "one row per sequence (ours may hold one row [1, s, h] for the whole batch)"
+
+    def show(self, x, batch):
+        return x.expand(batch, *x.shape[1:]) if batch is not None and x.shape[0] == 1 else x
+
+    def take(self, y, x):
+        if y.shape[0] == x.shape[0]:
+            return y
+        if not torch.equal(y, y[:1].expand_as(y)):
+            raise ValueError("this edit gives each sequence its own position embedding, and the model holds one "
+                             "for the whole batch: pass position_ids of shape [batch, seq] to edit them per row")
+        return y[:1]
+
+
+SAME, HEADS, SCORES, BATCH = Layout(), _Heads(), _Scores(), _Batch()
+
+
+# ---- what a TL name stands for -----------------------------------------------------------------------------------
+
+Source = str | Callable  # our hook name ({i}: the layer), or fn(stream, layer) -> our hook name
+
+
+def resid_pre(stream, layer: int) -> str:
+    """The residual stream layer `layer` reads."""
+    return stream.resid_pre(layer)
+
+
+def final_stream(stream, layer: int) -> str:
+    """The residual stream the last layer writes (what the final LayerNorm reads)."""
+    return stream.resid_pre(stream.n_layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """TL's tensor is our hook point `source` in `layout`."""
+
+    source: Source
+    layout: Layout = SAME
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormScale:
+    """TL's `hook_scale` [.., s, 1]: sqrt(var + eps) of the stream `source` that the LayerNorm `norm` (a path from
+    the model, `{i}` the layer) reads. Read only: no hook point of ours holds it."""
+
+    source: Source
+    norm: str
+    note = "read only: sqrt(var + eps) over the hidden axis, [.., s, 1]"
+
+    def compute(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        return _centred_and_scale(x, eps)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormNormalized(LayerNormScale):
+    """TL's `hook_normalized`: the stream centred and divided by `hook_scale`, before the LayerNorm's weight and
+    bias (TransformerBridge's meaning). Read only."""
+
+    note = "read only: centred and divided by hook_scale, before the LayerNorm's weight and bias"
+
+    def compute(self, x, eps):
+        centred, scale = _centred_and_scale(x, eps)
+        return (centred / scale).to(x.dtype)
+
+
+def _centred_and_scale(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """In float32 at least, in TransformerLens' order of operations, so the values are TL's to the last bit."""
+    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    centred = x - x.mean(-1, keepdim=True)
+    return centred, (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+@dataclasses.dataclass(frozen=True)
+class Missing:
+    """A TL name with no counterpart in this family: `reason` says why (and what to read instead)."""
+
+    reason: str
+
+
+Entry = Alias | LayerNormScale | Missing
+Weight = Callable  # fn(model, layer) -> the tensor in TL's shape (layer is None outside blocks)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LensTable:
+    """A family's TransformerLens names. `hooks`: TL hook name ({i}: the layer) -> Entry. `weights`: TL weight
+    path (`blocks.{i}.attn.W_Q`, `unembed.W_U`) -> fn(model, layer) giving the tensor in TL's shape, a view of our
+    parameter where one exists. `config`: fn(our config) -> TL's config fields that are the family's own
+    (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab, n_ctx, act_fn, eps, ...). `summary`: how TL's names read
+    on this family, for docs/hook_names.md."""
+
+    hooks: dict[str, Entry]
+    weights: dict[str, Weight]
+    config: Callable[[object], dict]
+    summary: str = ""
+
+
+# ---- a model's names ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """One TL name on one model: the entry, our hook point that holds its values (None for Missing), the layer."""
+
+    name: str
+    entry: Entry
+    source: str | None
+    layer: int | None
+
+    @property
+    def editable(self) -> bool:
+        return isinstance(self.entry, Alias)
+
+    def show(self, x: torch.Tensor, model, batch: int | None) -> torch.Tensor:
+        """Our `source` tensor as TL's."""
+        if isinstance(self.entry, Alias):
+            return self.entry.layout.show(x, batch)
+        norm = resolve_path(model, self.entry.norm.format(i=self.layer))
+        return self.entry.compute(x, norm.eps)
+
+
+def lens_names(model) -> dict[str, Resolved]:
+    """Every TL hook name of `model` (its family's table, each layer's) -> Resolved, in forward order (that of the
+    hook points they read, then the layer's, then the table's). Empty for a family that declares no table."""
+    family = getattr(model, "family", None)
+    table = getattr(family, "transformer_lens", None)
+    if table is None:
+        return {}
+    stream = family.stream(model)
+    points = model.hook_points()
+    resolved = {}
+    for template, entry in table.hooks.items():
+        layers = range(stream.n_layers) if "{i}" in template else (None,)
+        for layer in layers:
+            name = template.format(i=layer)
+            source = None
+            if not isinstance(entry, Missing):
+                source = entry.source(stream, layer) if callable(entry.source) else entry.source.format(i=layer)
+                if source not in points:
+                    entry = Missing(f"it is our {source}, which {type(model).__name__} has not")
+                    source = None
+            resolved[name] = Resolved(name, entry, source, layer)
+    order = {name: i for i, name in enumerate(points)}
+    # a stream between layers is read by two: layer l's resid_post before layer l + 1's resid_pre
+    return dict(sorted(resolved.items(), key=lambda item: (order.get(item[1].source, len(order)),
+                                                            len(order) if item[1].layer is None else item[1].layer)))
+
+
+def resolve_path(root, path: str):
+    """The attribute at a dotted `path` from `root`, a number indexing a list (`layers.3.norm_1`)."""
+    node = root
+    for part in path.split("."):
+        node = node[int(part)] if part.isdigit() else getattr(node, part)
+    return node
+
+
+def layer_of(name: str) -> int:
+    """The layer in a hook name, TL's (`blocks.3.…`) or ours (`layers.3.…`): TL's HookPoint.layer()."""
+    found = re.match(r"(?:blocks|layers)\.(\d+)\.", name)
+    if found is None:
+        raise ValueError(f"{name} belongs to no layer")
+    return int(found.group(1))
