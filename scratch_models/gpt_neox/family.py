@@ -3,6 +3,7 @@
 from weight_mapping.gpt_neox import GPT_NEOX
 
 from ..family import Family, PreLNStream
+from . import transformer_lens
 from .config import GPTNeoXConfig
 from .model import GPTNeoXForCausalLM, GPTNeoXModel
 from .task_heads import GPTNeoXForQuestionAnswering, GPTNeoXForSequenceClassification, GPTNeoXForTokenClassification
@@ -53,4 +54,5 @@ sequential model. As in GPT-2, `hidden_states[-1]` is the final LayerNorm's outp
         "end_logits": "end_logits",
     },
     lm_checkpoint="EleutherAI/pythia-70m",
+    transformer_lens=transformer_lens.TABLE,
 )
