@@ -169,7 +169,12 @@ class Plan:
             ids = self.tokenizer.special_ids
             return ids.get(role)
         value = getattr(self.model.config, f"{role}_token_id", None)
-        return value if isinstance(value, int) else None
+        if not isinstance(value, int):
+            return None
+        if not 0 <= value < self.model.config.vocab_size:
+            raise ValueError(f"the model's config has {role}_token_id {value}, outside its vocabulary "
+                             f"0..{self.model.config.vocab_size - 1}")
+        return value
 
     def settings(self) -> dict:
         """What identifies the harvest: resuming with anything else is refused."""

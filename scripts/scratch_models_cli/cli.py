@@ -10,6 +10,7 @@ import sys
 from scratch_models import CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
+from . import harvest_cmd
 from .common import at_least_one
 from .targets import TARGETS
 
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="the original release's layout instead (BERT: `bert.` prefix, LayerNorm gamma/beta)")
 
+    harvest_cmd.add_parser(commands, MODEL)
+
     args = parser.parse_args(argv)
     if args.command == "inspect" and len(args.model_and_text) > 2:
         parser.error("inspect takes [MODEL] TEXT: quote a text with spaces")
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     try:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
-               "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert}
+               "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
+               "harvest": harvest_cmd.run}
         return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
