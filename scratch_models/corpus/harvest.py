@@ -195,7 +195,7 @@ class _Run:
     def _block(self, index: int, block) -> None:
         plan, dtype = self.plan, self.plan.options.dtype
         saelens = plan.options.layout == "saelens"
-        counts = {"block": index, "rows": 0, "tokens": 0, "sequences": 0, "dropped_tokens": 0,
+        counts = {"block": index, "rank": self.rank, "rows": 0, "tokens": 0, "sequences": 0, "dropped_tokens": 0,
                   "documents": [block[0].document[0], block[-1].document[-1]]}
         self.writer.begin(index)
         for batch in plan.batches(block):

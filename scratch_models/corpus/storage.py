@@ -13,6 +13,7 @@ exists is whole: a run killed at any moment resumes from the shards there. Arrow
 are stored as their 16-bit patterns (uint16), which `as_bfloat16` reads back as bfloat16.
 """
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -135,6 +136,8 @@ class ShardWriter:
                 break
             except queue.Full:
                 self._raise()
+                if not self.thread.is_alive():
+                    raise RuntimeError("the harvest's writer thread stopped without saying why")
         self.wait_seconds += time.perf_counter() - start
 
     def _raise(self) -> None:
@@ -165,7 +168,8 @@ class ShardWriter:
                     self._commit(block, partial, value)
             except BaseException as e:  # kept for the caller; this thread takes nothing more
                 if writer is not None:
-                    writer.close()
+                    with contextlib.suppress(OSError):  # closing flushes, and a full disk refuses that too
+                        writer.close()
                 if partial is not None:
                     partial.unlink(missing_ok=True)
                 self.error = _disk_error(e, self.out, block)
@@ -274,7 +278,7 @@ def check_space(out: Path, needed: int, basis: str) -> None:
     if needed > free:
         raise HarvestError(f"{out}: {_human(free)} free, and this harvest needs about {_human(needed)} ({basis}): "
                            "free some space, harvest fewer hook points or a smaller dtype, or pass "
-                           "--no-space-check (check_space=False) if the estimate is wrong")
+                           "--no-space-check (space_check=False) if the estimate is wrong")
 
 
 def _human(n: float) -> str:

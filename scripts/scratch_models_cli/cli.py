@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolate", action="store_true",
                    help="feed each of our layers transformers' input to that layer, so each layer is judged alone")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--corpus", metavar="DATA", help="compare on every text of a corpus, each alone (a .txt, .jsonl, "
+                                                     ".csv or .parquet file, or a directory saved by datasets): per "
+                                                     "tensor the median, p99 and max of max |diff| and the worst text")
+    p.add_argument("--limit", type=int, metavar="N", help="--corpus: the first N texts only")
+    p.add_argument("--text-column", help="--corpus: the column of texts (default: text)")
+    p.add_argument("--pair-column", help="--corpus: the column of second segments (BERT sentence pairs)")
 
     p = commands.add_parser("fill-mask", help="top tokens for each [MASK] in a text")
     p.add_argument("model", help=f"{MODEL}, with a masked-LM head")
@@ -134,8 +140,21 @@ def _sweep_options(p, files: str, rows: str):
 
 
 def _verify(args) -> int:
-    from .verify import verify, write_json
+    from .verify import verify, verify_corpus, write_json
 
+    corpus_only = [flag for flag, value in (("--limit", args.limit), ("--text-column", args.text_column),
+                                            ("--pair-column", args.pair_column)) if value is not None]
+    if args.corpus is None and corpus_only:
+        raise ValueError(f"{', '.join(corpus_only)} go with --corpus")
+    if args.corpus is not None:
+        if args.text or args.pair or args.isolate:
+            raise ValueError("--corpus reads its texts from the corpus: leave out --text, --pair and --isolate")
+        report = verify_corpus(args.model, args.corpus, limit=args.limit, device=args.device, dtype=args.dtype,
+                               text_column=args.text_column, pair_column=args.pair_column)
+        print(report.format())
+        if args.json:
+            write_json(report, args.json)
+        return 0 if report.passed else 1
     report = verify(args.model, texts=args.text, pairs=args.pair, device=args.device, dtype=args.dtype,
                     isolate=args.isolate)
     print(report.format())

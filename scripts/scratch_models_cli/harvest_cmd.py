@@ -41,7 +41,7 @@ def add_parser(commands, model_help: str) -> None:
                    help="rows: a row per token with its document and position; saelens: exactly what SAELens' "
                         "CacheActivationsRunner writes (one hook point, a row per sequence), so SAELens trains from it")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
-    p.add_argument("--shard-size", type=int, default=256, metavar="MB",
+    p.add_argument("--shard-size", type=float, default=256, metavar="MB",
                    help="about how large a shard grows (all a kill can cost)")
     p.add_argument("--text-column", help="the column of texts (default: text)")
     p.add_argument("--pair-column", help="the column of second segments, for BERT sentence pairs")
@@ -64,11 +64,12 @@ def run(args) -> int:
     from scratch_models.corpus import run_harvest
 
     at_least_one("--batch-size", args.batch_size)
-    at_least_one("--shard-size", args.shard_size)
+    if not args.shard_size > 0:
+        raise ValueError(f"--shard-size must be more than 0 MB, got {args.shard_size}")
     require_device(args.device)
     _, summary = run_harvest(args.model, args.data, args.names, args.out, overwrite=args.overwrite,
                              compile=args.compile, device=args.device, model_dtype=args.model_dtype,
-                             shard_bytes=args.shard_size * 2**20, space_check=not args.no_space_check,
+                             shard_bytes=int(args.shard_size * 2**20), space_check=not args.no_space_check,
                              progress=not args.quiet, batching=args.batching, context=args.context,
                              positions=args.positions, drop_special=args.drop_special, prepend_bos=args.prepend_bos,
                              dtype=args.dtype, layout=args.layout, batch_size=args.batch_size,
