@@ -9,6 +9,7 @@ import dataclasses
 import fnmatch
 import hashlib
 import itertools
+import weakref
 from typing import Iterator
 
 import torch
@@ -68,13 +69,32 @@ def load_model(source, patterns, *, device=None, dtype=None):
 
 
 def weights_hash(model) -> str:
-    """sha256 over the model's tensors (names, dtypes, shapes and bytes): the same weights in the same dtype."""
+    """sha256 over the model's tensors (names, dtypes, shapes and bytes): the same weights in the same dtype.
+    Remembered per model while no tensor of it is modified in place (torch counts each tensor's versions)."""
+    state = model.state_dict()
+    versions = tuple((name, tensor.data_ptr(), tensor._version) for name, tensor in state.items())
+    known = _HASHES.get(model)
+    if known is not None and known[0] == versions:
+        return known[1]
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         tensor = tensor.detach().contiguous().cpu()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    _HASHES[model] = (versions, digest.hexdigest())
     return digest.hexdigest()
+
+
+_HASHES = weakref.WeakKeyDictionary()  # model -> (its tensors' versions, their hash)
+_COMPILED = weakref.WeakKeyDictionary()  # model -> its compile_model wrapper: graphs compiled once per shape
+
+
+def compiled(model):
+    from ..compiled import compile_model
+
+    if model not in _COMPILED:
+        _COMPILED[model] = compile_model(model)
+    return _COMPILED[model]
 
 
 class Plan:
@@ -93,13 +113,9 @@ class Plan:
         self.layouts: dict[str, Layout] = layouts(model, self.names, options.positions)
         if options.layout == "saelens":
             self._check_saelens()
-        compiled = None
-        if compile:
-            from ..compiled import compile_model
-
-            compiled = compile_model(model)
         self.runner = Runner(model, self.names, self.layouts, positions=options.positions,
-                             drop_special=options.drop_special, input_names=family.input_names, compiled=compiled)
+                             drop_special=options.drop_special, input_names=family.input_names,
+                             compiled=compiled(model) if compile else None)
         self.counts = {}  # "empty": documents without a token, filled as the corpus is read
 
     @property

@@ -254,3 +254,27 @@ def test_a_checkpoint_loads_the_narrowest_class_with_the_names(tmp_path, tiny_gp
     assert type(load_model(tiny_gpt2[0], ["logits"])).__name__ == "GPT2LMHeadModel"
     with pytest.raises(ValueError, match="no hook point matches 'nope'"):
         load_model(tiny_gpt2[0], ["nope"])
+
+
+def test_weights_edited_in_place_are_other_weights(tmp_path, tiny_gpt2):
+    """The weights' hash is remembered per model, but an in-place edit (torch counts it) makes a new one, so the
+    resume is refused."""
+    from scratch_models import GPT2Model
+
+    model = GPT2Model.from_pretrained(tiny_gpt2[0])
+    harvest(model, SENTENCES, ["layers.0.out"], tmp_path / "out", context=8, progress=False)
+    harvest(model, SENTENCES, ["layers.0.out"], tmp_path / "out", context=8, progress=False)  # same: resumes
+    with torch.no_grad():
+        model.layers[0].mlp.c_fc.bias.add_(0.1)
+    with pytest.raises(HarvestError, match="weights_sha256"):
+        harvest(model, SENTENCES, ["layers.0.out"], tmp_path / "out", context=8, progress=False)
+
+
+@pytest.mark.slow
+def test_compiled_rows_match_the_eager_ones(tmp_path, tiny_gpt2_model):
+    eager = torch_rows(harvest(tiny_gpt2_model, SENTENCES * 2, ["layers.1.out"], tmp_path / "eager", context=16,
+                               progress=False))
+    fast = torch_rows(harvest(tiny_gpt2_model, SENTENCES * 2, ["layers.1.out"], tmp_path / "compiled", context=16,
+                              compile=True, progress=False))
+    assert torch.equal(fast["token_id"], eager["token_id"])
+    assert_parity(fast["layers.1.out"], eager["layers.1.out"], "compiled against eager", atol=1e-4, rtol=1e-4)
