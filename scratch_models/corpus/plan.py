@@ -104,7 +104,7 @@ class Plan:
         self.options = options = dataclasses.replace(options)
         self.model = model
         family = self.family = model.family
-        self.tokenizer = getattr(model, "tokenizer", None)
+        self.tokenizer, self.no_tokenizer = _tokenizer(model)
         self.corpus = data if isinstance(data, Corpus) else Corpus(
             data, text_column=options.text_column, pair_column=options.pair_column, ids_column=options.ids_column)
         self._check_options(family)
@@ -157,9 +157,8 @@ class Plan:
             raise ValueError("prepend_bos: this tokenizer names no BOS token (a BERT sequence starts with [CLS], "
                              "which its tokenizer adds)")
         if not self.corpus.tokenized and self.tokenizer is None:
-            raise ValueError(f"this {type(self.model).__name__} has no tokenizer (it was not loaded with "
-                             "from_pretrained), so texts cannot become token ids: set model.tokenizer, or give "
-                             "pre-tokenized input_ids")
+            raise ValueError(f"{self.corpus.name} holds texts, and this {type(self.model).__name__} has no tokenizer "
+                             f"({self.no_tokenizer}): set model.tokenizer, or give pre-tokenized input_ids")
 
     def _check_saelens(self) -> None:
         o = self.options
@@ -224,6 +223,20 @@ class Plan:
 
     def batches(self, block):
         return batching.batches(block, self.options.batch_size, by_length=self.options.batching == "document")
+
+
+def _tokenizer(model):
+    """(the model's tokenizer, or None and why there is none)."""
+    from ..tokenizer import NoTokenizerJson
+
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None, "it was not loaded with from_pretrained"
+    try:
+        tokenizer.special_ids  # reads its files
+    except NoTokenizerJson as e:
+        return None, str(e)
+    return tokenizer, None
 
 
 def _choice(what: str, value, choices) -> None:

@@ -278,3 +278,22 @@ def test_compiled_rows_match_the_eager_ones(tmp_path, tiny_gpt2_model):
                               compile=True, progress=False))
     assert torch.equal(fast["token_id"], eager["token_id"])
     assert_parity(fast["layers.1.out"], eager["layers.1.out"], "compiled against eager", atol=1e-4, rtol=1e-4)
+
+
+def test_a_checkpoint_without_tokenizer_reads_ids_and_refuses_texts(tmp_path):
+    """Its special tokens then come from config.json (bos_token_id), checked against the vocabulary."""
+    import transformers
+
+    config = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=12, n_layer=1, n_head=2, bos_token_id=3,
+                                     eos_token_id=3)
+    transformers.GPT2Model(config).save_pretrained(tmp_path / "model")
+    data = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    rows = torch_rows(harvest(tmp_path / "model", data, ["layers.0.out"], tmp_path / "out", context=6,
+                              progress=False))
+    assert rows["token_id"].tolist() == [3, 5, 6, 7, 3, 8, 3, 9]  # BOS first, between documents, and to go on
+    with pytest.raises(ValueError, match=r"holds texts, and this GPT2Model has no tokenizer \(.*no tokenizer.json"):
+        harvest(tmp_path / "model", SENTENCES, ["layers.0.out"], tmp_path / "texts", progress=False)
+    config.bos_token_id = config.eos_token_id = 50
+    transformers.GPT2Model(config).save_pretrained(tmp_path / "bad")
+    with pytest.raises(ValueError, match="bos_token_id 50, outside its vocabulary 0..39"):
+        harvest(tmp_path / "bad", data, ["layers.0.out"], tmp_path / "out2", progress=False)
