@@ -649,7 +649,8 @@ def harvest(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     writing in a thread of its own) into a fresh directory; `plain forward`: our GPT2Model over the same batches,
     nothing kept or written; TransformerBridge: run_with_cache(names_filter=..., stop_at_layer=12) per batch, then
     the same shard written with datasets' ArrowWriter; nnsight: a trace saving transformer.h[11]'s output, stopped
-    there, then the same. `ratio`: the other side's time / ours. The corpus is pre-tokenized (the benchmark's
+    there, then the same; each peer also as it runs without being told to stop ("whole model": the LM head
+    too, which ours never runs). `ratio`: the other side's time / ours. The corpus is pre-tokenized (the benchmark's
     random weights have no tokenizer): 32 documents of 127 ids, each packed after its BOS."""
     import importlib.util
 
@@ -706,8 +707,11 @@ def harvest(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
         from transformer_lens.model_bridge import TransformerBridge
 
         bridge = TransformerBridge.boot_transformers(str(ckpt.gpt2), hf_model=hf)
+        hook = "blocks.11.hook_resid_post"
         fns["TransformerBridge"] = written(lambda chunk: bridge.run_with_cache(
-            chunk, names_filter="blocks.11.hook_resid_post", stop_at_layer=12)[1]["blocks.11.hook_resid_post"])
+            chunk, names_filter=hook, stop_at_layer=12)[1][hook])
+        fns["TransformerBridge, whole model"] = written(lambda chunk: bridge.run_with_cache(
+            chunk, names_filter=hook)[1][hook])
     else:
         skipped.append("TransformerBridge")
     if importlib.util.find_spec("nnsight") is not None:
@@ -715,13 +719,15 @@ def harvest(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
 
         traced = TransformersModel(hf, task="text-generation", tokenizer=_ids_tokenizer(hf.config.vocab_size))
 
-        def nnsight_block(chunk):
+        def nnsight_block(chunk, stop: bool):
             with traced.trace(chunk) as tracer:
                 saved = traced.transformer.h[11].output.save()
-                tracer.stop()
+                if stop:
+                    tracer.stop()
             return saved[0] if isinstance(saved, tuple) else saved
 
-        fns["nnsight"] = written(nnsight_block)
+        fns["nnsight"] = written(functools.partial(nnsight_block, stop=True))
+        fns["nnsight, whole model"] = written(functools.partial(nnsight_block, stop=False))
     else:
         skipped.append("nnsight")
     summary = fns["ours"]()  # what ours does, and a warm-up

@@ -24,8 +24,8 @@ from typing import Iterator
 import torch
 
 from .plan import WINDOW_ROWS, Options, Plan, load_model, peek
-from .storage import (FORMAT, MANIFEST, HarvestError, ShardWriter, check_out, check_space, done_blocks,
-                      features, finish, row_bytes, to_numpy, write_json_atomic, _human)
+from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, ShardWriter, check_out, check_space, done_blocks,
+                      features, finish, row_bytes, to_numpy, write_json_atomic, human_bytes)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20
 
@@ -49,10 +49,10 @@ class Summary:
 
     def format(self) -> str:
         rate = self.tokens / self.seconds if self.seconds else 0.0
-        lines = [f"harvest: {self.shards} shards, {self.rows} rows of {', '.join(self.names)}, "
-                 f"{_human(self.bytes)} in {self.out}",
+        lines = [f"harvest: {self.shards} shard{'s' * (self.shards != 1)}, {self.rows} rows of {', '.join(self.names)}, "
+                 f"{human_bytes(self.bytes)} in {self.out}",
                  f"  {self.tokens} tokens in {self.seconds:.1f} s ({rate:,.0f} tokens/s)"
-                 + (f"; {self.resumed_shards} shards were there already" if self.resumed_shards else ""),
+                 + (f"; {self.resumed_shards} of the shards were there already" if self.resumed_shards else ""),
                  f"  padding {100 * self.padding:.1f}% of the batches' positions"]
         if self.empty_documents:
             lines.append(f"  {self.empty_documents} empty documents skipped (no token)")
@@ -96,8 +96,7 @@ def iter_activations(model, data, names, *, compile: bool = False, device=None, 
         for batch in plan.batches(block):
             rows = plan.runner.run(batch)
             if dtype is not None:
-                rows = {k: v.to(torch.bfloat16 if dtype == "bfloat16" else getattr(torch, dtype))
-                        if k in plan.names else v for k, v in rows.items()}
+                rows = {k: v.to(STORAGE_DTYPES[dtype]) if k in plan.names else v for k, v in rows.items()}
             yield rows
 
 
@@ -222,7 +221,7 @@ class _Run:
             self.positions += len(batch) * max(len(s) for s in batch)
             if self.bar is not None:
                 self.bar.update(tokens)
-                self.bar.set_postfix_str(f"{_human(self.writer.bytes_written)} written", refresh=False)
+                self.bar.set_postfix_str(f"{human_bytes(self.writer.bytes_written)} written", refresh=False)
         self.dropped += counts["dropped_tokens"]
         self.writer.end(counts)
 
@@ -259,7 +258,7 @@ def _estimate(plan: Plan, first, per_row: int) -> dict | None:
         text = _text_bytes(plan, documents)
         if not size or not text:
             return None
-        scale, basis = max(1.0, size / text), (f"the data's {_human(size)} like the first {len(documents)} "
+        scale, basis = max(1.0, size / text), (f"the data's {human_bytes(size)} like the first {len(documents)} "
                                                "documents' text")
     return {"tokens": int(tokens * scale), "bytes": int(rows * scale * per_row), "basis": basis}
 

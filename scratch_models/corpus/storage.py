@@ -276,12 +276,13 @@ def check_space(out: Path, needed: int, basis: str) -> None:
 
     free = shutil.disk_usage(out).free
     if needed > free:
-        raise HarvestError(f"{out}: {_human(free)} free, and this harvest needs about {_human(needed)} ({basis}): "
+        raise HarvestError(f"{out}: {human_bytes(free)} free, and this harvest needs about {human_bytes(needed)} ({basis}): "
                            "free some space, harvest fewer hook points or a smaller dtype, or pass "
                            "--no-space-check (space_check=False) if the estimate is wrong")
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB'."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
@@ -293,6 +294,8 @@ def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F82
     them, so datasets.load_from_disk memory-maps them), and return the dataset."""
     import datasets
 
+    for partial in out.glob("*.partial"):  # a killed run's unfinished shard, never finished since
+        partial.unlink()
     files = [shard_name(block) for block in range(blocks)]
     missing = [name for name in files if not (out / name).is_file()]
     if missing:

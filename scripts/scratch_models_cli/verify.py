@@ -11,6 +11,7 @@ fused path and transformers' default SDPA attention.
 import contextlib
 import dataclasses
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -433,7 +434,7 @@ def verify_corpus(model: str | None, corpus, *, limit: int | None = None, device
             texts[doc.index] = quoted(doc.text) + (f" + {quoted(doc.pair)}" if doc.pair is not None else "")
             for c in compare_modules(family.table, ours, reference, rows, inputs, prefixed=False, dtype=torch_dtype):
                 row = found.setdefault(c.name, CorpusRow(c.name, c.reference, [], doc.index, c.atol, c.rtol, 0))
-                if not row.diffs or c.max_abs > max(row.diffs) or c.max_abs != c.max_abs:
+                if not row.diffs or c.max_abs > max(row.diffs) or math.isnan(c.max_abs):
                     row.worst = doc.index
                 row.diffs.append(c.max_abs)
                 row.failed += not c.passed

@@ -29,12 +29,12 @@ def test_harvest_writes_prints_and_resumes(tmp_path, capsys):
                  "--out", str(out), "--quiet"]
     assert main(arguments) == 0
     printed = capsys.readouterr().out
-    assert f"harvest: 1 shards, {len(TEXTS)} rows of layers.3.out, pooler.out" in printed
+    assert f"harvest: 1 shard, {len(TEXTS)} rows of layers.3.out, pooler.out" in printed
     assert "tokens/s" in printed and "time (this process): reading and tokenizing" in printed
     rows = datasets.load_from_disk(str(out)).with_format("torch")[:]
     assert sorted(rows["document"].tolist()) == list(range(len(TEXTS))) and (rows["position"] == 0).all()
     assert main(arguments) == 0
-    assert "1 shards were there already" in capsys.readouterr().out
+    assert "1 of the shards were there already" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, message", [

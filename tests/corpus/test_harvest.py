@@ -187,8 +187,10 @@ def test_disk_layout_manifest_and_load_from_disk(tmp_path, tiny_gpt2_model):
 def test_resume_refuses_other_settings_and_overwrite_restarts(tmp_path, tiny_gpt2_model):
     out = tmp_path / "out"
     first = torch_rows(harvest(tiny_gpt2_model, SENTENCES, ["layers.0.out"], out, context=8, progress=False))
+    (out / "data-00007.arrow.partial").write_bytes(b"a killed run's unfinished shard")
     again, summary = run_harvest(tiny_gpt2_model, SENTENCES, ["layers.0.out"], out, context=8, progress=False)
     assert summary.tokens == 0 and summary.resumed_shards == summary.shards  # nothing left to run
+    assert not list(out.glob("*.partial"))
     assert torch.equal(torch_rows(again)["layers.0.out"], first["layers.0.out"])
     for changed, message in ((dict(names=["layers.1.out"]), r"names: \[\"layers.0.out\"\] there"),
                              (dict(dtype="float16"), "dtype"), (dict(context=4), "context"),

@@ -1,6 +1,6 @@
 """Memory stays flat however large the corpus: the peak anonymous memory of a harvest over a corpus four times
-larger, of many shards each, grows by less than a tenth of the extra bytes written (rows stream from the forward pass through a bounded queue to the writer,
-the corpus is read in chunks, only one shard's sequences are held)."""
+larger, of many shards each, grows by less than a tenth of the extra bytes written (rows stream from the forward
+pass through a bounded queue to the writer, the corpus is read in chunks, only one shard's sequences are held)."""
 
 import json
 import os
