@@ -238,7 +238,10 @@ class _Run:
                           "position": rows["position"].to(torch.int32).numpy()}
 
     def close_bar(self) -> None:
+        """The bar's last line: what was done (the estimate is replaced by it) and every byte written."""
         if self.bar is not None:
+            self.bar.total = self.bar.n
+            self.bar.set_postfix_str(f"{human_bytes(self.writer.bytes_written)} written", refresh=False)
             self.bar.close()
 
 

@@ -105,3 +105,11 @@ def test_verify_corpus_names_a_text_too_long(tmp_path, capsys):
     data = corpus(tmp_path, [{"text": "short"}, {"text": " ".join(["word"] * 600)}])
     assert main(["verify", "--corpus", str(data)]) == 2
     assert f"{data}, row 1 is 602 tokens long; this model reads at most 512" in capsys.readouterr().err
+
+
+def test_harvest_shows_a_progress_bar(tmp_path, capsys):
+    data = corpus(tmp_path, [{"text": t} for t in TEXTS])
+    assert main(["harvest", "minilm", str(data), "--names", "layers.0.out", "--out", str(tmp_path / "acts")]) == 0
+    bar = capsys.readouterr().err
+    last = bar.split("\r")[-1]
+    assert "harvest: 100%" in last and "tok/s" in last and "KB written" in last, bar  # the rate, the bytes

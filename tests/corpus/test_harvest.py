@@ -299,3 +299,12 @@ def test_a_checkpoint_without_tokenizer_reads_ids_and_refuses_texts(tmp_path):
     transformers.GPT2Model(config).save_pretrained(tmp_path / "bad")
     with pytest.raises(ValueError, match="bos_token_id 50, outside its vocabulary 0..39"):
         harvest(tmp_path / "bad", data, ["layers.0.out"], tmp_path / "out2", progress=False)
+
+
+def test_a_point_computed_once_for_the_batch_is_given_to_every_row(tmp_path, tiny_gpt2_model):
+    """GPT-2's position embeddings are [1, s, h] for a whole batch: each row gets its position's."""
+    rows = torch_rows(harvest(tiny_gpt2_model, SENTENCES, ["embeddings.position"], tmp_path / "out",
+                              batching="document", batch_size=3, progress=False))
+    wpe = tiny_gpt2_model.embeddings.wpe.weight.detach()
+    assert len(rows["position"]) > 3 * len(SENTENCES)
+    assert torch.equal(rows["embeddings.position"], wpe[rows["position"]])
