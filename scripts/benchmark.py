@@ -15,6 +15,8 @@ checkpoint layouts by transformers itself: speed does not depend on their values
   load       a bert-base model.safetensors, each loader alone in a fresh process: seconds and peak RSS
   cold       a fresh process from nothing to the first output: import, load bert-base, one forward
   hooks      what idle hook points cost a forward pass
+  harvest    GPT-2 124M activations over a corpus to Arrow shards (scratch_models.corpus.harvest) against our plain
+             forward pass over the same batches, and TransformerBridge's and nnsight's loops writing the same shards
   patching   a GPT-2 124M residual patching sweep, batched against one forward per patch (ratio: one at a time /
              batched), and against TransformerLens' patching module when it is installed
 
@@ -640,8 +642,111 @@ def _transformer_lens_sweep(ckpt: Checkpoints, clean: torch.Tensor, corrupted: t
     return sweep
 
 
+def harvest(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
+    """GPT-2 124M over a corpus, float32, keeping layers.11.out (the last block's output: only ln_f and the head lie
+    above it) for every token, 32 packed sequences of 128 tokens in batches of 8, Arrow shards written alike by
+    every side. `ours`: scratch_models.corpus.harvest end to end (reading the corpus, packing, forward passes,
+    writing in a thread of its own) into a fresh directory; `plain forward`: our GPT2Model over the same batches,
+    nothing kept or written; TransformerBridge: run_with_cache(names_filter=..., stop_at_layer=12) per batch, then
+    the same shard written with datasets' ArrowWriter; nnsight: a trace saving transformer.h[11]'s output, stopped
+    there, then the same; each peer also as it runs without being told to stop ("whole model": the LM head
+    too, which ours never runs). `ratio`: the other side's time / ours. The corpus is pre-tokenized (the benchmark's
+    random weights have no tokenizer): 32 documents of 127 ids, each packed after its BOS."""
+    import importlib.util
+
+    import transformers
+    from datasets import Dataset
+    from datasets.arrow_writer import ArrowWriter
+
+    from scratch_models import GPT2Model
+    from scratch_models.corpus import run_harvest
+    from scratch_models.corpus.activations import Layout
+    from scratch_models.corpus.storage import features
+
+    name, bos, context, batch, documents = "layers.11.out", 50256, 128, 8, 32
+    generator = torch.Generator().manual_seed(4)
+    docs = torch.randint(1000, (documents, context - 1), generator=generator)
+    root = Path(tempfile.mkdtemp(prefix="scratch-models-harvest-"))
+    Dataset.from_dict({"input_ids": docs.tolist()}).to_parquet(root / "corpus.parquet")
+    ids = torch.cat([torch.full((documents, 1), bos), docs], 1).to(device)  # the packed sequences
+    batches = list(ids.split(batch))
+    document = torch.arange(documents)[:, None].expand(-1, context).reshape(-1).numpy()
+    position = torch.arange(-1, context - 1)[None].expand(documents, -1).reshape(-1).to(torch.int32).numpy()
+    shard = features({name: Layout(1, (GPT2_SMALL["n_embd"],))}, "float32", None)
+    model = GPT2Model.from_pretrained(ckpt.gpt2, device=device)
+    runs = iter(range(10**6))
+
+    def ours(**options):
+        def run():
+            out = root / f"ours-{next(runs)}"
+            return run_harvest(model, root / "corpus.parquet", [name], out, batch_size=batch, context=context,
+                               progress=False, **options)[1]
+        return run
+
+    def plain():
+        for chunk in batches:
+            model(chunk)
+
+    def written(activations_of):
+        """A loop that gets each batch's [b, s, h] activations from `activations_of` and writes the shard."""
+        def run():
+            writer = ArrowWriter(features=shard, path=str(root / f"peer-{next(runs)}.arrow"))
+            for i, chunk in enumerate(batches):
+                rows = activations_of(chunk).reshape(-1, GPT2_SMALL["n_embd"]).float().cpu().numpy()
+                at = slice(i * batch * context, i * batch * context + len(rows))
+                writer.write_batch({name: rows, "token_id": chunk.reshape(-1).to(torch.int32).cpu().numpy(),
+                                    "document": document[at], "position": position[at]})
+            writer.finalize()
+            writer.close()
+        return run
+
+    fns = {"ours": ours(), "ours compiled": ours(compile=True), "plain forward": plain}
+    skipped = []
+    hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2).to(device).eval()
+    if importlib.util.find_spec("transformer_lens") is not None:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        bridge = TransformerBridge.boot_transformers(str(ckpt.gpt2), hf_model=hf)
+        hook = "blocks.11.hook_resid_post"
+        fns["TransformerBridge"] = written(lambda chunk: bridge.run_with_cache(
+            chunk, names_filter=hook, stop_at_layer=12)[1][hook])
+        fns["TransformerBridge, whole model"] = written(lambda chunk: bridge.run_with_cache(
+            chunk, names_filter=hook)[1][hook])
+    else:
+        skipped.append("TransformerBridge")
+    if importlib.util.find_spec("nnsight") is not None:
+        from nnsight.modeling.transformers import TransformersModel
+
+        traced = TransformersModel(hf, task="text-generation", tokenizer=_ids_tokenizer(hf.config.vocab_size))
+
+        def nnsight_block(chunk, stop: bool):
+            with traced.trace(chunk) as tracer:
+                saved = traced.transformer.h[11].output.save()
+                if stop:
+                    tracer.stop()
+            return saved[0] if isinstance(saved, tuple) else saved
+
+        fns["nnsight"] = written(functools.partial(nnsight_block, stop=True))
+        fns["nnsight, whole model"] = written(functools.partial(nnsight_block, stop=False))
+    else:
+        skipped.append("nnsight")
+    summary = fns["ours"]()  # what ours does, and a warm-up
+    fns["ours compiled"]()  # compiles, once for this shape
+    seconds = interleaved(fns, max(2, repeats // 5), _sync(device))
+    tokens = documents * context
+    rows = []
+    for other in [k for k in fns if k != "ours"]:
+        rows.append({"case": f"GPT-2 124M harvest {name}, {documents}x{context} tokens, b{batch}, fp32",
+                     "other": other, "ours_ms": seconds["ours"] * 1e3, "other_ms": seconds[other] * 1e3,
+                     "ratio": seconds[other] / seconds["ours"], "ours_tokens_per_s": tokens / seconds["ours"],
+                     "other_tokens_per_s": tokens / seconds[other]})
+    rows.append({"case": "where our time went (one run, s)", **summary.timings})
+    rows += [{"case": f"{peer}: skipped", "other": "not installed; pip install -e '.[peers]'"} for peer in skipped]
+    return rows
+
+
 CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load, "cold": cold,
-         "hooks": hooks, "patching": patching}
+         "hooks": hooks, "patching": patching, "harvest": harvest}
 
 
 def format_table(rows: list[dict]) -> str:

@@ -12,6 +12,7 @@ import sys
 from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
+from . import harvest_cmd
 from .common import at_least_one, check_writable_file
 from .targets import TARGETS
 
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isolate", action="store_true",
                    help="feed each of our layers transformers' input to that layer, so each layer is judged alone")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.add_argument("--corpus", metavar="DATA", help="compare on every text of a corpus, each alone (a .txt, .jsonl, "
+                                                     ".csv or .parquet file, or a directory saved by datasets): per "
+                                                     "tensor the median, p99 and max of max |diff| and the worst text")
+    p.add_argument("--limit", type=int, metavar="N", help="--corpus: the first N texts only")
+    p.add_argument("--text-column", help="--corpus: the column of texts (default: text)")
+    p.add_argument("--pair-column", help="--corpus: the column of second segments (BERT sentence pairs)")
 
     p = commands.add_parser("fill-mask", help="top tokens for each mask token in a text")
     p.add_argument("model", help=f"a {MASKED} checkpoint with its masked-LM head ({WHERE}), such as "
@@ -159,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="the original release's layout instead (BERT: `bert.` prefix, LayerNorm gamma/beta)")
 
+    harvest_cmd.add_parser(commands, MODEL)
+
     args = parser.parse_args(argv)
     if args.command == "inspect" and len(args.model_and_text) > 2:
         parser.error("inspect takes [MODEL] TEXT: quote a text with spaces")
@@ -167,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     try:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
-               "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert}
+               "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
+               "harvest": harvest_cmd.run}
         return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
@@ -183,10 +193,23 @@ def _sweep_options(p, files: str, rows: str):
 
 
 def _verify(args) -> int:
-    from .verify import verify, write_json
+    from .verify import verify, verify_corpus, write_json
 
     if args.json:
         check_writable_file("--json", args.json)
+    corpus_only = [flag for flag, value in (("--limit", args.limit), ("--text-column", args.text_column),
+                                            ("--pair-column", args.pair_column)) if value is not None]
+    if args.corpus is None and corpus_only:
+        raise ValueError(f"{', '.join(corpus_only)} go with --corpus")
+    if args.corpus is not None:
+        if args.text or args.pair or args.isolate:
+            raise ValueError("--corpus reads its texts from the corpus: leave out --text, --pair and --isolate")
+        report = verify_corpus(args.model, args.corpus, limit=args.limit, device=args.device, dtype=args.dtype,
+                               text_column=args.text_column, pair_column=args.pair_column)
+        print(report.format())
+        if args.json:
+            write_json(report, args.json)
+        return 0 if report.passed else 1
     report = verify(args.model, texts=args.text, pairs=args.pair, device=args.device, dtype=args.dtype,
                     isolate=args.isolate)
     print(report.format())

@@ -11,6 +11,7 @@ fused path and transformers' default SDPA attention.
 import contextlib
 import dataclasses
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -172,9 +173,16 @@ def _encode(opened: Opened, texts, pairs) -> tuple[dict, list[str]]:
 def _compare_base(opened: Opened, reference_dir, rows, inputs, device, dtype, isolate: bool, notes: list[str],
                   sighted: torch.Tensor | None) -> list[Comparison]:
     """The base model, layer by layer: our explicit path against transformers' eager attention."""
+    dtype = dtype or torch.float32
+    ours, reference, rows = _base_models(opened, reference_dir, rows, device, dtype, notes)
+    return compare_modules(opened.family.table, ours, reference, rows, inputs, prefixed=False, isolate=isolate,
+                           dtype=dtype, sighted=sighted)
+
+
+def _base_models(opened: Opened, reference_dir, rows, device, dtype, notes: list[str]):
+    """(our base model, transformers' eager one, the table rows both have) in `dtype` on `device`."""
     import transformers
 
-    dtype = dtype or torch.float32
     family = opened.family
     ours = opened.load(family.base, dtype=dtype, device=device)
     name = family.base.__name__
@@ -185,8 +193,7 @@ def _compare_base(opened: Opened, reference_dir, rows, inputs, device, dtype, is
     reference = getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="eager",
                                                             dtype=dtype).to(device).eval()
     notes.append(f"{name}: our explicit attention against transformers' eager {name}")
-    return compare_modules(family.table, ours, reference, rows, inputs, prefixed=False, isolate=isolate, dtype=dtype,
-                           sighted=sighted)
+    return ours, reference, rows
 
 
 def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, device, dtype, notes: list[str]
@@ -347,6 +354,114 @@ def _reference_dir(opened: Opened):
         yield tmp
 
 
-def write_json(report: Report, path: str) -> None:
+def write_json(report: "Report | CorpusReport", path: str) -> None:
     Path(path).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
 
+
+
+# ---- parity over a corpus: every text alone, each tensor's max |diff| summarised over the texts ----
+
+
+@dataclasses.dataclass
+class CorpusRow:
+    name: str
+    reference: str
+    diffs: list[float]  # max |diff| of each text
+    worst: int  # the row of the corpus with the largest
+    atol: float
+    rtol: float
+    failed: int  # texts outside tolerance
+
+    @property
+    def passed(self) -> bool:
+        return self.failed == 0
+
+    def quantile(self, q: float) -> float:
+        return float(torch.tensor(self.diffs, dtype=torch.float64).quantile(q))
+
+
+@dataclasses.dataclass
+class CorpusReport:
+    model: str
+    corpus: str
+    reference: str
+    device: str
+    dtype: str
+    texts: int
+    worst_texts: dict[int, str]  # corpus row -> the text, quoted
+    rows: list[CorpusRow]
+    notes: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and all(r.passed for r in self.rows)
+
+    def to_json(self) -> dict:
+        rows = [dataclasses.asdict(r) | {"median": r.quantile(0.5), "p99": r.quantile(0.99), "max": max(r.diffs),
+                                         "passed": r.passed} for r in self.rows]
+        return dataclasses.asdict(self) | {"rows": rows, "passed": self.passed}
+
+    def format(self) -> str:
+        header = ("name", "median", "p99", "max", "worst text", "tolerance", "pass")
+        body = [(r.name, f"{r.quantile(0.5):.3e}", f"{r.quantile(0.99):.3e}", f"{max(r.diffs):.3e}",
+                 f"row {r.worst}", f"{r.atol:.0e}+{r.rtol:.0e}*|ref|",
+                 "ok" if r.passed else f"FAIL ({plural(r.failed, 'text')})") for r in self.rows]
+        widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
+        lines = [f"verify {self.model} over {self.corpus}: {plural(self.texts, 'text')}, each alone",
+                 f"  against {self.reference}, {self.device} {self.dtype}; max |diff| per text, summarised per tensor"]
+        lines += [f"  {note}" for note in self.notes]
+        lines += ["", "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in body]
+        lines += ["", "worst texts:"] + [f"  row {index}: {text}" for index, text in sorted(self.worst_texts.items())]
+        failed = sum(not r.passed for r in self.rows)
+        lines += ["", f"{len(self.rows) - failed}/{plural(len(self.rows), 'tensor')} within tolerance on every text"
+                      + ("" if self.passed else f", {failed} FAILED")]
+        return "\n".join(lines)
+
+
+@quiet_transformers()
+def verify_corpus(model: str | None, corpus, *, limit: int | None = None, device: str = "cpu",
+                  dtype: str = "float32", text_column: str | None = None,
+                  pair_column: str | None = None) -> CorpusReport:
+    """Our base model against transformers' on every text of `corpus` (anything scratch_models.corpus reads), each
+    text alone (no padding), the first `limit` only when given: per compared tensor the median, p99 and max over the
+    texts of max |diff|, and the text where it is largest. A text longer than the model is an error naming it."""
+    import transformers
+
+    from scratch_models.corpus import Corpus, CorpusError
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {limit}")
+    torch_dtype = as_dtype(dtype)
+    require_device(device)
+    opened = open_model(model)
+    family, config = opened.family, opened.config
+    documents = Corpus(corpus, text_column=text_column, pair_column=pair_column)
+    if documents.tokenized:
+        raise CorpusError(f"{documents.name}: verify --corpus reads texts (it compares tokenizations too); "
+                          "this data holds token ids only")
+    if pair_column:
+        family.check_pairs([pair_column])
+    opened.require_tokenizer()
+    rows = family.table.compared(getattr(config, family.table.layers_field), with_heads=False)
+    notes = [f"the base model's tensors ({family.base.__name__}); verify without --corpus also compares the "
+             "outputs of the checkpoint's head"]
+    found: dict[str, CorpusRow] = {}
+    texts: dict[int, str] = {}
+    with _reference_dir(opened) as reference_dir:
+        ours, reference, rows = _base_models(opened, reference_dir, rows, device, torch_dtype, notes)
+        for count, doc in enumerate(documents):
+            if limit is not None and count == limit:
+                break
+            inputs, _ = encode(opened, doc.text, doc.pair, names=[documents.where(doc.index)], device=device)
+            texts[doc.index] = quoted(doc.text) + (f" + {quoted(doc.pair)}" if doc.pair is not None else "")
+            for c in compare_modules(family.table, ours, reference, rows, inputs, prefixed=False, dtype=torch_dtype):
+                row = found.setdefault(c.name, CorpusRow(c.name, c.reference, [], doc.index, c.atol, c.rtol, 0))
+                if not row.diffs or c.max_abs > max(row.diffs) or math.isnan(c.max_abs):
+                    row.worst = doc.index
+                row.diffs.append(c.max_abs)
+                row.failed += not c.passed
+    worst = {row.worst: texts[row.worst] for row in found.values()}
+    return CorpusReport(model=opened.source, corpus=documents.name, reference=f"transformers {transformers.__version__}",
+                        device=device, dtype=dtype, texts=len(texts), worst_texts=worst, rows=list(found.values()),
+                        notes=notes)

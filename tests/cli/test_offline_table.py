@@ -20,7 +20,10 @@ def table() -> dict[str, str]:
 
 def minilm_argv(command: str, out: Path) -> list[str]:
     """A typical call of `command` on minilm."""
+    corpus = out.parent / "corpus.txt"
+    corpus.write_text("Time flies like an arrow.\nThe cat sat on the mat.\n", encoding="utf-8")
     return {"verify": ["verify", "minilm", "--text", "Hi."],
+            "harvest": ["harvest", "minilm", str(corpus), "--names", "layers.5.out", "--out", str(out)],
             "inspect": ["inspect", "minilm", "time flies", "--out", str(out)],
             "heads": ["heads", "minilm", "time flies", "--out", str(out)],
             "patch": ["patch", "minilm", "--clean", "a cat sat", "--corrupted", "a dog sat", "--out", str(out)],

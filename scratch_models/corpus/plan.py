@@ -1,0 +1,251 @@
+"""What a harvest runs: the model (the narrowest of its family's classes that has the named hook points), the
+names, how the corpus becomes sequences, and the settings that identify the run (a resumed run must match them).
+
+Everything about a family comes from its declaration (`Family`: causal, pairs, input names, positions field) and
+its tokenizer (`special_ids`): no family is named here.
+"""
+
+import dataclasses
+import fnmatch
+import hashlib
+import itertools
+import weakref
+from typing import Iterator
+
+import torch
+
+from ..families import family_of
+from . import batching
+from .activations import POSITIONS, Layout, Runner, layouts, resolve_names
+from .reading import Corpus
+from .storage import STORAGE_DTYPES
+
+BATCHINGS = ("pack", "document")
+LAYOUTS = ("rows", "saelens")
+DEFAULT_CONTEXT = 128  # SAELens' default context_size (or the model's positions, if fewer)
+# iter_activations sorts sentences by length within windows of this many rows (harvest: within each shard)
+WINDOW_ROWS = 1 << 16
+
+
+@dataclasses.dataclass
+class Options:
+    batching: str | None = None  # "pack" or "document"; None: pack for a causal family, else document
+    context: int | None = None  # pack: tokens per sequence (default 128)
+    positions: str = "all"
+    drop_special: bool = False
+    prepend_bos: bool | None = None  # None: pack puts BOS first in each sequence, document adds none
+    batch_size: int = 8
+    text_column: str | None = None
+    pair_column: str | None = None
+    ids_column: str | None = None
+    layout: str = "rows"
+    dtype: str | None = None  # storage dtype (None in iter_activations: the model's own)
+
+
+def load_model(source, patterns, *, device=None, dtype=None):
+    """The narrowest class of the checkpoint's family that has hook points matching every pattern (the base
+    model unless a name lives in a head, such as `logits`), loaded; a head whose tensors the checkpoint lacks is
+    passed over."""
+    from weight_mapping import open_checkpoint
+
+    checkpoint = open_checkpoint(source)
+    family = family_of(checkpoint)
+    config = family.config_of(checkpoint)
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    candidates = []
+    for cls in family.classes:
+        try:
+            with torch.device("meta"):
+                candidates.append((cls, cls(config).hook_points()))
+        except ValueError:  # a head this config cannot build
+            continue
+    for cls, points in candidates:
+        if all(any(fnmatch.fnmatchcase(name, p) for name in points) for p in patterns) and (
+                cls is family.base or not family.missing_head_tensors(checkpoint, config, cls)):
+            return cls.from_pretrained(checkpoint, config=config, device=device, dtype=dtype)
+    resolve_names({name: None for _, points in candidates for name in points}, patterns)  # names the pattern
+    raise ValueError(f"{source}: no class of the {family.title} family has hook points matching all of "
+                     f"{', '.join(patterns)} and the tensors for them in this checkpoint")
+
+
+def weights_hash(model) -> str:
+    """sha256 over the model's tensors (names, dtypes, shapes and bytes): the same weights in the same dtype.
+    Remembered per model while no tensor of it is modified in place (torch counts each tensor's versions)."""
+    state = model.state_dict()
+    versions = tuple((name, tensor.data_ptr(), tensor._version) for name, tensor in state.items())
+    known = _HASHES.get(model)
+    if known is not None and known[0] == versions:
+        return known[1]
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        tensor = tensor.detach().contiguous().cpu()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    _HASHES[model] = (versions, digest.hexdigest())
+    return digest.hexdigest()
+
+
+_HASHES = weakref.WeakKeyDictionary()  # model -> (its tensors' versions, their hash)
+_COMPILED = weakref.WeakKeyDictionary()  # model -> its compile_model wrapper: graphs compiled once per shape
+
+
+def compiled(model):
+    from ..compiled import compile_model
+
+    if model not in _COMPILED:
+        _COMPILED[model] = compile_model(model)
+    return _COMPILED[model]
+
+
+class Plan:
+    """A model, names and options made ready to run over a corpus."""
+
+    def __init__(self, model, data, names, options: Options, *, compile: bool = False):
+        self.options = options = dataclasses.replace(options)
+        self.model = model
+        family = self.family = model.family
+        self.tokenizer, self.no_tokenizer = _tokenizer(model)
+        self.corpus = data if isinstance(data, Corpus) else Corpus(
+            data, text_column=options.text_column, pair_column=options.pair_column, ids_column=options.ids_column)
+        self._check_options(family)
+        points = model.hook_points()
+        self.names = resolve_names(points, names)
+        self.layouts: dict[str, Layout] = layouts(model, self.names, options.positions)
+        if options.layout == "saelens":
+            self._check_saelens()
+        self.runner = Runner(model, self.names, self.layouts, positions=options.positions,
+                             drop_special=options.drop_special, input_names=family.input_names,
+                             compiled=compiled(model) if compile else None)
+        self.counts = {}  # "empty": documents without a token, filled as the corpus is read
+
+    @property
+    def limit(self) -> int:
+        return getattr(self.model.config, self.family.positions_field)
+
+    def _check_options(self, family) -> None:
+        o = self.options
+        if o.batching is None:
+            o.batching = "pack" if family.causal else "document"
+        _choice("batching", o.batching, BATCHINGS)
+        _choice("positions", o.positions, POSITIONS)
+        _choice("layout", o.layout, LAYOUTS)
+        if o.dtype is not None:
+            _choice("dtype", o.dtype, STORAGE_DTYPES)
+        if not isinstance(o.batch_size, int) or o.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {o.batch_size!r}")
+        if o.batching == "pack":
+            if not family.causal:
+                raise ValueError(f"batching 'pack' lays documents end to end for a causal model; {family.title} "
+                                 "reads both ways, so a token would see the next document: use batching 'document'")
+            if o.positions != "all":
+                raise ValueError(f"positions {o.positions!r} pools each sequence, and a packed sequence holds parts "
+                                 "of several documents: use batching 'document' (one document per sequence)")
+            o.context = min(DEFAULT_CONTEXT, self.limit) if o.context is None else o.context
+            if not isinstance(o.context, int) or not 1 <= o.context <= self.limit:
+                raise ValueError(f"context must be 1..{self.limit} ({family.positions_field} of this model), got "
+                                 f"{o.context!r}")
+        elif o.context is not None:
+            raise ValueError("context sets the length of packed sequences: it goes with batching 'pack' (batching "
+                             "'document' runs each document at its own length)")
+        if self.corpus.pair_column:
+            family.check_pairs([True])
+            if o.batching != "document":
+                raise ValueError("sentence pairs go one pair per sequence: batching 'document'")
+        if o.prepend_bos is None:
+            o.prepend_bos = o.batching == "pack"
+        if o.prepend_bos and self._special("bos") is None:
+            raise ValueError("prepend_bos: this tokenizer names no BOS token (a BERT sequence starts with [CLS], "
+                             "which its tokenizer adds)")
+        if not self.corpus.tokenized and self.tokenizer is None:
+            raise ValueError(f"{self.corpus.name} holds texts, and this {type(self.model).__name__} has no tokenizer "
+                             f"({self.no_tokenizer}): set model.tokenizer, or give pre-tokenized input_ids")
+
+    def _check_saelens(self) -> None:
+        o = self.options
+        (name, layout), *others = self.layouts.items()
+        problems = []
+        if others:
+            problems.append(f"one hook point (got {len(self.layouts)})")
+        if o.batching != "pack":
+            problems.append("batching 'pack' (every row a full context)")
+        if o.drop_special or o.positions != "all":
+            problems.append("every position kept (positions 'all', no drop_special)")
+        if len(layout.row_shape) != 1:
+            problems.append(f"a hook point with one vector per token ({name} has rows of shape "
+                            f"{list(layout.row_shape)})")
+        if o.dtype == "bfloat16":
+            problems.append("dtype float32 or float16 (Arrow has no bfloat16, and SAELens would read the 16-bit "
+                            "patterns harvest stores instead as integers)")
+        if problems:
+            raise ValueError(f"layout 'saelens' (SAELens' CacheActivationsRunner's) needs {'; '.join(problems)}")
+
+    def _special(self, role: str) -> int | None:
+        if self.tokenizer is not None:
+            ids = self.tokenizer.special_ids
+            return ids.get(role)
+        value = getattr(self.model.config, f"{role}_token_id", None)
+        if not isinstance(value, int):
+            return None
+        if not 0 <= value < self.model.config.vocab_size:
+            raise ValueError(f"the model's config has {role}_token_id {value}, outside its vocabulary "
+                             f"0..{self.model.config.vocab_size - 1}")
+        return value
+
+    def settings(self) -> dict:
+        """What identifies the harvest: resuming with anything else is refused."""
+        o = self.options
+        return {"model": getattr(self.tokenizer, "source", None) and str(self.tokenizer.source),
+                "model_class": type(self.model).__name__, "weights_sha256": weights_hash(self.model),
+                "names": self.names, "dtype": o.dtype, "data": self.corpus.fingerprint(), "batching": o.batching,
+                "context": o.context, "positions": o.positions, "drop_special": o.drop_special,
+                "prepend_bos": o.prepend_bos, "layout": o.layout, "batch_size": o.batch_size}
+
+    def sequences(self) -> Iterator[batching.Sequence]:
+        o = self.options
+        pack = o.batching == "pack"
+        tokens = batching.tokenize(self.corpus, self.tokenizer, add_special_tokens=not pack,
+                                   prepend_bos=o.prepend_bos and not pack, vocab_size=self.model.config.vocab_size)
+        if pack:
+            separator = self._special("bos") if self._special("bos") is not None else self._special("eos")
+            bos = self._special("bos") if o.prepend_bos else None
+            return batching.packed(tokens, o.context, bos, separator, self.counts)
+        return batching.per_document(tokens, self.limit, self.family.positions_field, self.corpus,
+                                     self.corpus.pair_column is not None, self.counts)
+
+    def rows_of(self, sequence: batching.Sequence) -> int:
+        """The rows a sequence stores."""
+        if self.options.positions == "all":
+            return sum(not s for s in sequence.special) if self.options.drop_special else len(sequence)
+        return int(not self.options.drop_special or not all(sequence.special))
+
+    def blocks(self, rows_per_block: int) -> Iterator[list[batching.Sequence]]:
+        return batching.blocks(self.sequences(), self.rows_of, rows_per_block)
+
+    def batches(self, block):
+        return batching.batches(block, self.options.batch_size, by_length=self.options.batching == "document")
+
+
+def _tokenizer(model):
+    """(the model's tokenizer, or None and why there is none)."""
+    from ..tokenizer import NoTokenizerJson
+
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None, "it was not loaded with from_pretrained"
+    try:
+        tokenizer.special_ids  # reads its files
+    except NoTokenizerJson as e:
+        return None, str(e)
+    return tokenizer, None
+
+
+def _choice(what: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def peek(iterator):
+    """(the first item or None, an iterator that still yields it)."""
+    iterator = iter(iterator)
+    first = next(iterator, None)
+    return first, (itertools.chain([first], iterator) if first is not None else iter(()))

@@ -1,0 +1,321 @@
+"""A harvest on disk: Arrow shards written by `datasets`, a manifest, and what makes a run resumable.
+
+    out/
+      harvest.json              the manifest: settings (model, weights hash, names, dtype, data, batching, ...),
+                                then the counts and versions once complete
+      data-00000.arrow          one shard per block of the corpus (see batching.blocks), written by datasets'
+      data-00000.json           ArrowWriter, with its counts beside it
+      ...
+      state.json, dataset_info.json   written last: `datasets.load_from_disk(out)` memory-maps the shards
+
+A shard is written under a temporary name and renamed once complete (its counts first), so a shard file that
+exists is whole: a run killed at any moment resumes from the shards there. Arrow has no bfloat16: bfloat16 rows
+are stored as their 16-bit patterns (uint16), which `as_bfloat16` reads back as bfloat16.
+"""
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MANIFEST = "harvest.json"
+FORMAT = "scratch-models harvest"
+STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_ARROW_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
+_OURS = ("harvest.json", "state.json", "dataset_info.json")  # and data-*.arrow, data-*.json, *.partial
+
+
+class HarvestError(ValueError):
+    """A harvest that cannot start or resume: the message says why and what to do."""
+
+
+class DiskFull(OSError):
+    """The disk filled while a shard was written; the shards finished before it are intact."""
+
+
+def features(layouts: dict, dtype: str, saelens_context: int | None):
+    """The `datasets` Features of a shard: one column per hook point (its rows' shape), then token_id, document
+    and position; or SAELens' layout (one hook point, Array2D(context, d) per sequence, token_ids)."""
+    import datasets
+
+    value = _ARROW_DTYPES[dtype]
+    if saelens_context is not None:
+        (name, layout), = layouts.items()
+        return datasets.Features({name: datasets.Array2D(shape=(saelens_context, *layout.row_shape), dtype=value),
+                                  "token_ids": datasets.List(datasets.Value("int32"), length=saelens_context)})
+    columns = {name: _feature(layout.row_shape, value) for name, layout in layouts.items()}
+    return datasets.Features(columns | {"token_id": datasets.Value("int32"), "document": datasets.Value("int64"),
+                                        "position": datasets.Value("int32")})
+
+
+def _feature(shape: tuple[int, ...], value: str):
+    import datasets
+
+    if not shape:
+        return datasets.Value(value)
+    if len(shape) == 1:
+        return datasets.List(datasets.Value(value), length=shape[0])
+    kinds = {2: datasets.Array2D, 3: datasets.Array3D, 4: datasets.Array4D, 5: datasets.Array5D}
+    return kinds[len(shape)](shape=shape, dtype=value)
+
+
+def row_bytes(layouts: dict, dtype: str) -> int:
+    """Bytes one row takes on disk, its token id, document and position included."""
+    size = STORAGE_DTYPES[dtype].itemsize
+    return sum(size * int(np.prod(layout.row_shape)) for layout in layouts.values()) + 4 + 8 + 4
+
+
+def to_numpy(tensor: torch.Tensor, dtype: str) -> np.ndarray:
+    """A tensor in the storage dtype as numpy (bfloat16 as its bit patterns, uint16)."""
+    tensor = tensor.to(STORAGE_DTYPES[dtype])
+    if dtype == "bfloat16":
+        return tensor.view(torch.int16).cpu().numpy().view(np.uint16)
+    return tensor.cpu().numpy()
+
+
+def shard_name(block: int) -> str:
+    return f"data-{block:05d}.arrow"
+
+
+def done_blocks(out: Path) -> dict[int, dict]:
+    """Block index -> the counts of each complete shard in `out`."""
+    done = {}
+    for arrow in out.glob("data-*.arrow"):
+        counts = arrow.with_suffix(".json")
+        if counts.is_file():
+            done[int(arrow.stem.removeprefix("data-"))] = json.loads(counts.read_text(encoding="utf-8"))
+    return done
+
+
+class ShardWriter:
+    """Writes shards in a thread of its own, so the forward passes go on while rows reach the disk.
+
+    `begin(block)`, `write(columns)` (numpy arrays, rows first), `end(counts)`: one shard. At most `depth` batches
+    wait in the queue, so memory stays bounded whatever the writer's pace. An error in the thread (a full disk)
+    is raised by the next call."""
+
+    def __init__(self, out: Path, features, depth: int = 2):
+        self.out, self.features = out, features
+        self.queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.bytes_written = 0
+        self.write_seconds = 0.0
+        self.wait_seconds = 0.0  # the caller's time blocked on a full queue
+        self.thread = threading.Thread(target=self._work, name="harvest-writer", daemon=True)
+        self.thread.start()
+
+    def begin(self, block: int) -> None:
+        self._put(("begin", block))
+
+    def write(self, columns: dict[str, np.ndarray]) -> None:
+        self._put(("rows", columns))
+
+    def end(self, counts: dict) -> None:
+        self._put(("end", counts))
+
+    def close(self) -> None:
+        """Wait until every queued shard is on disk; raise the thread's error if there was one."""
+        self._put(None)
+        self.thread.join()
+        self._raise()
+
+    def _put(self, item) -> None:
+        self._raise()
+        start = time.perf_counter()
+        while True:
+            try:
+                self.queue.put(item, timeout=0.1)
+                break
+            except queue.Full:
+                self._raise()
+                if not self.thread.is_alive():
+                    raise RuntimeError("the harvest's writer thread stopped without saying why")
+        self.wait_seconds += time.perf_counter() - start
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _work(self) -> None:
+        from datasets.arrow_writer import ArrowWriter
+
+        writer, partial, block = None, None, None
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            kind, value = item
+            start = time.perf_counter()
+            try:
+                if kind == "begin":
+                    block = value
+                    partial = self.out / f"{shard_name(block)}.partial"
+                    writer = ArrowWriter(features=self.features, path=str(partial))
+                elif kind == "rows":
+                    writer.write_batch(value)
+                else:
+                    writer.finalize()
+                    writer.close()
+                    writer = None
+                    self._commit(block, partial, value)
+            except BaseException as e:  # kept for the caller; this thread takes nothing more
+                if writer is not None:
+                    with contextlib.suppress(OSError):  # closing flushes, and a full disk refuses that too
+                        writer.close()
+                if partial is not None:
+                    partial.unlink(missing_ok=True)
+                self.error = _disk_error(e, self.out, block)
+                self._drain()
+                return
+            self.write_seconds += time.perf_counter() - start
+
+    def _commit(self, block: int, partial: Path, counts: dict) -> None:
+        """Counts first, then the shard under its own name: a shard file that exists is complete."""
+        _fsync(partial)
+        arrow = self.out / shard_name(block)
+        counts = counts | {"bytes": partial.stat().st_size}
+        write_json_atomic(arrow.with_suffix(".json"), counts)
+        os.replace(partial, arrow)
+        _fsync_directory(self.out)
+        self.bytes_written += counts["bytes"]
+
+    def _drain(self) -> None:
+        """Take what the caller still queues, so it never blocks on a thread that has stopped."""
+        while True:
+            try:
+                if self.queue.get(timeout=0.5) is None:
+                    return
+            except queue.Empty:
+                return
+
+
+def _disk_error(e: BaseException, out: Path, block: int | None) -> BaseException:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        done = len(done_blocks(out))
+        return DiskFull(e.errno, f"the disk holding {out} is full (writing shard {block}): the {done} shards "
+                                 "finished are intact; free some space and run the same command again to resume")
+    return e
+
+
+def write_json_atomic(path: Path, value) -> None:
+    """Write JSON under a temporary name, flush it to disk, then rename: a reader sees the old file or the new."""
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    _fsync(partial)
+    os.replace(partial, path)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_harvest(out: Path) -> None:
+    """Delete a harvest's own files from `out` (--overwrite); anything else there is left alone."""
+    for path in out.iterdir():
+        if path.name in _OURS or path.name.startswith("data-") and path.suffix in (".arrow", ".json", ".partial"):
+            path.unlink()
+
+
+def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
+    """Make `out` ready: a new or empty directory, or one holding a harvest with these `settings` (to resume;
+    its manifest is returned). Other settings, or files that are not a harvest's, are refused."""
+    manifest_path = out / MANIFEST
+    if out.exists() and not out.is_dir():
+        raise HarvestError(f"{out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
+    if manifest is None:
+        strangers = [p.name for p in out.iterdir()]
+        if strangers:
+            raise HarvestError(f"{out}: not empty ({', '.join(sorted(strangers)[:5])}"
+                               f"{', ...' if len(strangers) > 5 else ''}) and holds no {MANIFEST}: harvest into a new "
+                               "or empty directory")
+        return None
+    if overwrite:
+        remove_harvest(out)
+        return None
+    if manifest.get("format") != FORMAT:
+        raise HarvestError(f"{manifest_path}: not a scratch-models harvest manifest")
+    if manifest["settings"] != settings:
+        changed = [f"{key}: {_short(manifest['settings'].get(key))} there, {_short(settings.get(key))} now"
+                   for key in sorted(set(settings) | set(manifest["settings"]))
+                   if manifest["settings"].get(key) != settings.get(key)]
+        raise HarvestError(f"{out} holds a harvest made with other settings ({'; '.join(changed)}): run the same "
+                           "command to resume it, or pass --overwrite (overwrite=True) to start again")
+    if settings["data"]["source"] is None:
+        raise HarvestError(f"{out} holds a harvest of data that cannot be told apart from other data (an "
+                           "IterableDataset made in Python): pass --overwrite (overwrite=True) to start again")
+    return manifest
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_space(out: Path, needed: int, basis: str) -> None:
+    """A HarvestError when the file system of `out` has less free space than `needed` bytes."""
+    import shutil
+
+    free = shutil.disk_usage(out).free
+    if needed > free:
+        raise HarvestError(f"{out}: {human_bytes(free)} free, and this harvest needs about {human_bytes(needed)} ({basis}): "
+                           "free some space, harvest fewer hook points or a smaller dtype, or pass "
+                           "--no-space-check (space_check=False) if the estimate is wrong")
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB'."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+
+
+def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F821
+    """Write state.json and dataset_info.json for the shards of blocks 0..blocks-1 (as Dataset.save_to_disk writes
+    them, so datasets.load_from_disk memory-maps them), and return the dataset."""
+    import datasets
+
+    for partial in out.glob("*.partial"):  # a killed run's unfinished shard, never finished since
+        partial.unlink()
+    files = [shard_name(block) for block in range(blocks)]
+    missing = [name for name in files if not (out / name).is_file()]
+    if missing:
+        raise HarvestError(f"{out}: shards missing before the harvest can be closed: {', '.join(missing[:5])}")
+    dataset = datasets.concatenate_datasets([datasets.Dataset.from_file(str(out / name)) for name in files]) \
+        if files else datasets.Dataset.from_dict({name: [] for name in features}, features=features)
+    state = {"_data_files": [{"filename": name} for name in files], "_fingerprint": dataset._fingerprint,
+             "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
+             "_split": None}
+    info = dataclasses.asdict(datasets.DatasetInfo(features=features))
+    write_json_atomic(out / "dataset_info.json", {key: info[key] for key in sorted(info)})
+    write_json_atomic(out / "state.json", state)
+    return dataset
+
+
+def as_bfloat16(column) -> torch.Tensor:
+    """A bfloat16 harvest's column as bfloat16: Arrow has no bfloat16, so the rows hold its 16-bit patterns as uint16,
+    which datasets' torch and numpy formats hand back widened (int64). Takes that tensor or array, or the uint16
+    array itself."""
+    bits = torch.as_tensor(np.asarray(column)).to(torch.int32)
+    if bool(((bits < 0) | (bits > 0xFFFF)).any()):
+        raise ValueError("as_bfloat16 takes 16-bit patterns (0..65535): this column holds other numbers")
+    return torch.where(bits >= 0x8000, bits - 0x10000, bits).to(torch.int16).view(torch.bfloat16)

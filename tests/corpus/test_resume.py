@@ -1,0 +1,146 @@
+"""Nothing lost, nothing twice: a harvest killed with SIGKILL at any moment resumes to the rows an uninterrupted
+run writes; a full disk stops it with the finished shards intact; too little free space refuses to start."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import datasets
+import pytest
+import torch
+
+from corpus_data import SENTENCES, write_jsonl
+from scratch_models.corpus import DiskFull, HarvestError, harvest
+from scratch_models.corpus import storage
+
+
+def command(model_dir, data, out):
+    # rows of 48 + 3x16 floats; shards of about 4 KB, so a small corpus makes a few hundred
+    return [sys.executable, "-m", "scratch_models", "harvest", str(model_dir), str(data), "--names", "layers.1.out",
+            "layers.0.attn.q", "--out", str(out), "--context", "16", "--shard-size", "0.004", "--quiet"]
+
+
+def same_rows(out, reference):
+    ours, theirs = (datasets.load_from_disk(str(d)).with_format("torch")[:] for d in (out, reference))
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    manifests = [json.loads((d / "harvest.json").read_text()) for d in (out, reference)]
+    assert [(m["status"], m["shards"], m["rows"], m["tokens"]) for m in manifests[:1]] == \
+        [(m["status"], m["shards"], m["rows"], m["tokens"]) for m in manifests[1:]]
+
+
+def wait_for(condition, process, timeout=120):
+    start = time.monotonic()
+    while not condition():
+        assert process.poll() is None, f"the harvest ended before it could be killed:\n{process.stderr.read()}"
+        assert time.monotonic() - start < timeout, "timed out waiting for the harvest"
+        time.sleep(0.005)
+
+
+@pytest.mark.slow
+def test_kill_9_at_any_moment_then_the_same_command_resumes_to_the_same_rows(tmp_path, tiny_gpt2):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(60) for s in SENTENCES])
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    subprocess.run(command(tiny_gpt2[0], data, reference), check=True, env=env, capture_output=True)
+    assert len(list(reference.glob("data-*.arrow"))) > 100
+
+    def shards():
+        return len(list(out.glob("data-*.arrow")))
+
+    total = len(list(reference.glob("data-*.arrow")))
+    kills = [lambda p: wait_for(lambda: shards() >= 1, p),  # after a shard
+             lambda p: wait_for(lambda: any(out.glob("data-*.arrow.partial")) and shards() > total // 10, p),
+             lambda p: time.sleep(2.5),  # wherever it is then (most likely still starting)
+             lambda p: wait_for(lambda: any(out.glob("data-*.arrow.partial")) and shards() > total // 3, p)]
+    before = 0
+    for kill_when in kills:
+        process = subprocess.Popen(command(tiny_gpt2[0], data, out), env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        kill_when(process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert shards() >= before  # finished shards stay finished
+        before = shards()
+        assert not (out / "state.json").exists()
+        for counts in out.glob("data-*.json"):  # every counts file is whole JSON
+            json.loads(counts.read_text())
+    assert 0 < before < total
+    done = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"{before} of the shards were there already" in done.stdout
+    same_rows(out, reference)
+    assert not list(out.glob("*.partial"))
+
+
+def test_a_disk_full_while_writing_keeps_the_finished_shards_and_resumes(tmp_path, tiny_gpt2_model, monkeypatch):
+    """ENOSPC on the fifth write: a DiskFull naming the directory, the shards finished before intact, no partial
+    shard; the same call afterwards gives the rows of an uninterrupted run."""
+    from datasets.arrow_writer import ArrowWriter
+
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 4, names=["layers.1.out"], context=8,
+                     shard_bytes=3000, progress=False)
+    harvest(**arguments, out=tmp_path / "reference")
+    write = ArrowWriter.write_batch
+    calls = []
+
+    def full(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(ArrowWriter, "write_batch", full)
+    out = tmp_path / "out"
+    with pytest.raises(DiskFull, match=rf"the disk holding {out} is full \(writing shard \d+\): the \d+ shards "
+                                       "finished are intact; free some space"):
+        harvest(**arguments, out=out)
+    assert list(out.glob("data-*.arrow")) and not list(out.glob("*.partial")) and not (out / "state.json").exists()
+    monkeypatch.setattr(ArrowWriter, "write_batch", write)
+    harvest(**arguments, out=out)
+    same_rows(out, tmp_path / "reference")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 300 KB file system (tmpfs; needs root, as CI here has): skip where it cannot be mounted."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.decode().strip() or 'not root'})")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_real_full_disk_then_more_space_resumes(tmp_path, tiny_gpt2_model, small_disk):
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 12, names=["layers.0.out", "layers.1.out"], context=8,
+                     shard_bytes=20_000, progress=False)
+    harvest(**arguments, out=tmp_path / "reference")
+    reference_bytes = sum(f.stat().st_size for f in (tmp_path / "reference").glob("data-*.arrow"))
+    assert reference_bytes > 300_000
+    out = small_disk / "acts"
+    with pytest.raises(HarvestError, match=r"KB free, and this harvest needs about .* \(.*documents"):
+        harvest(**arguments, out=out)  # refused before it starts
+    assert not list(out.glob("data-*"))
+    with pytest.raises(DiskFull, match="is full"):
+        harvest(**arguments, out=out, space_check=False)
+    finished = sorted(out.glob("data-*.arrow"))
+    assert finished and not list(out.glob("*.partial"))
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    harvest(**arguments, out=out)
+    same_rows(out, tmp_path / "reference")
+
+
+def test_the_space_check_compares_the_estimate_with_what_is_free(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(HarvestError, match=r"1.0 KB free, and this harvest needs about 2.0 KB \(the basis\).*space_check=False"):
+        storage.check_space(tmp_path, 2000, "the basis")
+    storage.check_space(tmp_path, 1000, "the basis")
