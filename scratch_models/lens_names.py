@@ -182,6 +182,27 @@ Entry = Alias | LayerNormScale | Missing
 Weight = Callable  # fn(model, layer) -> the tensor in TL's shape (layer is None outside blocks)
 
 
+# ---- weights a family's declaration already gives --------------------------------------------------------------
+
+
+def heads_out(model, layer: int) -> torch.Tensor:
+    """W_O [n, d, h]: the attention's output projection as the family's stream declares it (out_weight [n * d, h],
+    input rows head by head), split per head; a view of the parameter."""
+    stream = model.family.stream(model)
+    return stream.out_weight(layer).unflatten(0, (stream.num_heads, -1))
+
+
+def unembedding(model, _) -> torch.Tensor:
+    """W_U [h, V] of a pre-LN family: what its read-out scores the normalised stream against (the stream's
+    unembedding, which says why where there is none)."""
+    return model.family.stream(model).unembedding().T
+
+
+def no_unembedding_bias(model, _) -> torch.Tensor:
+    """b_U [V]: zeros, as TL gives them for a head without a bias."""
+    return torch.zeros_like(unembedding(model, None)[0])
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LensTable:
     """A family's TransformerLens names. `hooks`: TL hook name ({i}: the layer) -> Entry. `weights`: TL weight

@@ -9,8 +9,8 @@ and its `hook_resid_post` our `layers.{i}.out` (and its `hook_attn_scores` repea
 reads BERT's stream: the `ln_final` hooks are refused, saying so.
 """
 
-from ..lens_names import BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, Missing, \
-    resid_pre
+from ..lens_names import (BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, Missing,
+                          heads_out, resid_pre)
 
 NO_FINAL_NORM = ("BERT is post-LN: no final LayerNorm reads its residual stream, which each layer has already "
                  "normalised (the last layer's hook_normalized_resid_post is the last stream); the MLM head's own "
@@ -98,9 +98,7 @@ WEIGHTS = {
     "blocks.{i}.attn.b_Q": _heads_bias("query"),
     "blocks.{i}.attn.b_K": _heads_bias("key"),
     "blocks.{i}.attn.b_V": _heads_bias("value"),
-    # dense's weight [h, n * d]: input columns head by head
-    "blocks.{i}.attn.W_O": lambda model, layer: _attn(model, layer).dense.weight.T.unflatten(
-        0, (_attn(model, layer).num_heads, -1)),
+    "blocks.{i}.attn.W_O": heads_out,
     "blocks.{i}.attn.b_O": lambda model, layer: _attn(model, layer).dense.bias,
     "blocks.{i}.ln1.w": lambda model, layer: _attn(model, layer).norm.weight,
     "blocks.{i}.ln1.b": lambda model, layer: _attn(model, layer).norm.bias,

@@ -6,10 +6,8 @@ be read but not edited. Weights are views of our parameters where TL's shape all
 W_Q [n, h, d] per block, [layers, n, h, d] on the model.
 """
 
-import torch
-
-from ..lens_names import BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, final_stream, \
-    resid_pre
+from ..lens_names import (BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, final_stream,
+                          heads_out, no_unembedding_bias, resid_pre, unembedding)
 
 HOOKS = {
     "hook_embed": Alias("embeddings.word"),
@@ -73,9 +71,7 @@ WEIGHTS = {
     "blocks.{i}.attn.b_Q": _qkv_bias(0),
     "blocks.{i}.attn.b_K": _qkv_bias(1),
     "blocks.{i}.attn.b_V": _qkv_bias(2),
-    # c_proj's weight [n * d, h]: input rows head by head
-    "blocks.{i}.attn.W_O": lambda model, layer: _attn(model, layer).c_proj.weight.unflatten(
-        0, (_attn(model, layer).num_heads, -1)),
+    "blocks.{i}.attn.W_O": heads_out,
     "blocks.{i}.attn.b_O": lambda model, layer: _attn(model, layer).c_proj.bias,
     "blocks.{i}.ln2.w": lambda model, layer: model.layers[layer].norm_2.weight,
     "blocks.{i}.ln2.b": lambda model, layer: model.layers[layer].norm_2.bias,
@@ -85,9 +81,8 @@ WEIGHTS = {
     "blocks.{i}.mlp.b_out": lambda model, layer: model.layers[layer].mlp.c_proj.bias,
     "ln_final.w": lambda model, _: model.norm_f.weight,
     "ln_final.b": lambda model, _: model.norm_f.bias,
-    "unembed.W_U": lambda model, _: model.output_embeddings.T,
-    # GPT-2's head has no bias: TL gives zeros
-    "unembed.b_U": lambda model, _: torch.zeros_like(model.output_embeddings[:, 0]),
+    "unembed.W_U": unembedding,
+    "unembed.b_U": no_unembedding_bias,
 }
 
 

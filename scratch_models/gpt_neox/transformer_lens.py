@@ -11,7 +11,7 @@ views of the fused query_key_value, whose rows hold each head's q, k and v side 
 import torch
 
 from ..lens_names import (HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, Missing, final_stream,
-                          resid_pre)
+                          heads_out, no_unembedding_bias, resid_pre, unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (GPTNeoXModel.positional) and held at no hook "
              "point: scratch_models.gpt_neox.model.rotary_angles(position_ids, rotary_dim, base, dtype) gives them")
@@ -95,9 +95,7 @@ WEIGHTS = {
     "blocks.{i}.attn.b_Q": _qkv_bias(0),
     "blocks.{i}.attn.b_K": _qkv_bias(1),
     "blocks.{i}.attn.b_V": _qkv_bias(2),
-    # dense's weight [h, n * d]: input columns head by head
-    "blocks.{i}.attn.W_O": lambda model, layer: _attn(model, layer).dense.weight.T.unflatten(
-        0, (_attn(model, layer).num_heads, -1)),
+    "blocks.{i}.attn.W_O": heads_out,
     "blocks.{i}.attn.b_O": _out_bias,
     "blocks.{i}.ln2.w": lambda model, layer: model.layers[layer].norm_2.weight,
     "blocks.{i}.ln2.b": lambda model, layer: model.layers[layer].norm_2.bias,
@@ -107,9 +105,8 @@ WEIGHTS = {
     "blocks.{i}.mlp.b_out": lambda model, layer: model.layers[layer].mlp.dense_4h_to_h.bias,
     "ln_final.w": lambda model, _: model.norm_f.weight,
     "ln_final.b": lambda model, _: model.norm_f.bias,
-    "unembed.W_U": lambda model, _: model.output_embeddings.T,
-    # the head (embed_out) has no bias: TL gives zeros
-    "unembed.b_U": lambda model, _: torch.zeros_like(model.output_embeddings[:, 0]),
+    "unembed.W_U": unembedding,
+    "unembed.b_U": no_unembedding_bias,
 }
 
 

@@ -7,7 +7,6 @@ import copy
 import html
 import io
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
