@@ -211,3 +211,63 @@ def long_attention(count: int = 155, prev: float = 0.35, sink: float = 0.3):
                          torch.full((count, count), 1 / count)])[None]
     q = torch.randn(1, 3, count, 4, generator=torch.Generator().manual_seed(0))
     return AttentionCapture([f"w{i}" for i in range(count)], probs, probs.log(), q, q.clone())
+
+
+def check_causal_lm(family: str, reference, directory, inputs: dict, device: str = "cpu") -> dict:
+    """Our base class and LM of a causal `family`, loaded from `directory`, against `reference` (transformers' LM
+    with eager attention), all on `device`: our explicit path against its eager attention where a query sees a key
+    (at a padding query that sees none, eager spreads evenly while we and SDPA give 0) and against its SDPA at the
+    blind ones; both our paths against its SDPA everywhere; every pair of modules the mapping table compares.
+    Returns the worst |diff| of each."""
+    from scratch_models_cli.verify import compare_modules
+
+    declared = FAMILIES[family]
+    reference.to(device)
+    inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
+    with torch.no_grad():
+        ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
+        model = declared.lm.from_pretrained(directory, device=device)
+        out = model(**inputs, output_hidden_states=True, output_attentions=True)
+        # no probabilities asked: the fused SDPA path, against transformers' SDPA path
+        fused = model(**inputs, output_hidden_states=True)
+        base = declared.base.from_pretrained(directory, device=device)(**inputs, output_hidden_states=True)
+        reference.set_attn_implementation("sdpa")
+        try:
+            ref_fused = reference(**inputs, output_hidden_states=True)
+        finally:
+            reference.set_attn_implementation("eager")
+    layers = len(model.layers)
+    seen = sighted(family, inputs["attention_mask"])
+    worst = {}
+    assert len(out.hidden_states) == len(ref.hidden_states) == len(base.hidden_states) == layers + 1
+    assert len(out.attentions) == len(ref.attentions) == layers
+    worst["hidden_states"] = max(assert_parity(a[seen], b[seen], f"hidden_states[{i}]")
+                                 for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)))
+    worst["attentions"] = max(assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
+                              for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)))
+    assert all(not a.transpose(1, 2)[~seen].any() for a in out.attentions), "a blind query attends to something"
+    worst["logits"] = assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)
+    # the last hidden state is after the final LayerNorm, in both
+    assert torch.equal(base.last_hidden_state, base.hidden_states[-1])
+    # where eager is not comparable, the explicit path against SDPA; the fused paths against SDPA everywhere
+    worst["sdpa hidden_states, explicit"] = max(
+        assert_parity(a[~seen], b[~seen], f"hidden_states[{i}] at blind queries, our explicit path against SDPA")
+        for i, (a, b) in enumerate(zip(out.hidden_states, ref_fused.hidden_states)))
+    worst["sdpa logits, explicit"] = assert_parity(out.logits[~seen], ref_fused.logits[~seen],
+                                                   "logits at blind queries, our explicit path against SDPA",
+                                                   atol=LOGITS_ATOL)
+    for path, ours in (("fused", fused), (f"{declared.base.__name__} fused", base)):
+        worst[f"sdpa hidden_states, {path}"] = max(
+            assert_parity(a, b, f"hidden_states[{i}], our {path} path against SDPA")
+            for i, (a, b) in enumerate(zip(ours.hidden_states, ref_fused.hidden_states)))
+    worst["sdpa logits, fused"] = assert_parity(fused.logits, ref_fused.logits, "logits, our fused path against SDPA",
+                                                atol=LOGITS_ATOL)
+    # every pair of modules the table compares (those of the other heads' classes, absent here, aside)
+    table = declared.table
+    rows = [row for row in table.compared(layers, with_heads=True) if row.ours in model.hook_names()]
+    compared = compare_modules(table, model, reference, rows, inputs, prefixed=True, sighted=seen)
+    assert [c.name for c in compared] == [row.ours for row in rows]
+    failed = [f"{c.name}: max |diff| {c.max_abs:.3e}" for c in compared if not c.passed]
+    assert not failed, f"table rows beyond {ATOL:.0e} + {ATOL:.0e}*|ref| (logits {LOGITS_ATOL:.0e}): {failed}"
+    worst["table rows"] = max(c.max_abs for c in compared)
+    return worst

@@ -11,12 +11,13 @@ import torch
 import transformers
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from helpers import ATOL, LOGITS_ATOL, assert_parity, hub_model_available, randomize_, sighted, write_weights
+from helpers import (LOGITS_ATOL, assert_parity, check_causal_lm, hub_model_available, randomize_, sighted,
+                     write_weights)
 from scratch_models import ConfigError, GPT2Config
 from scratch_models.generation import KVCache, warp
 from scratch_models.gpt2.model import GPT2LMHeadModel, GPT2Model
-from scratch_models_cli.verify import TOLERANCES, compare_modules
-from weight_mapping import GPT2, CheckpointError
+from scratch_models_cli.verify import TOLERANCES
+from weight_mapping import CheckpointError
 
 SMALL = dict(vocab_size=101, n_positions=40, n_embd=96, n_layer=2, n_head=3, bos_token_id=100, eos_token_id=100)
 # every config field that changes the numbers, away from its default
@@ -80,64 +81,6 @@ def padded_inputs(vocab: int, seed: int = 1, seq: int = 11) -> dict:
     return dict(input_ids=ids, attention_mask=mask, position_ids=positions)
 
 
-def check_against(reference: transformers.GPT2LMHeadModel, directory, inputs: dict) -> dict:
-    """Load `directory` into our GPT2Model and GPT2LMHeadModel; compare every output with `reference`: our explicit
-    path with its eager attention where a query sees a key (at a padding query that sees none, eager spreads
-    evenly while we and SDPA give 0), and both our paths with its SDPA attention everywhere."""
-    n_layer = reference.config.n_layer
-    with torch.no_grad():
-        ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
-        model = GPT2LMHeadModel.from_pretrained(directory)
-        out = model(**inputs, output_hidden_states=True, output_attentions=True)
-        # no probabilities asked: the fused SDPA path, against transformers' SDPA path
-        fused = model(**inputs, output_hidden_states=True)
-        base = GPT2Model.from_pretrained(directory)(**inputs, output_hidden_states=True)
-        reference.set_attn_implementation("sdpa")
-        try:
-            ref_fused = reference(**inputs, output_hidden_states=True)
-        finally:
-            reference.set_attn_implementation("eager")
-    seen = sighted("gpt2", inputs["attention_mask"])
-    worst = {}
-    assert len(out.hidden_states) == len(ref.hidden_states) == len(base.hidden_states) == n_layer + 1
-    assert len(out.attentions) == len(ref.attentions) == n_layer
-    worst["hidden_states"] = max(assert_parity(a[seen], b[seen], f"hidden_states[{i}]")
-                                 for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)))
-    worst["attentions"] = max(assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
-                              for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)))
-    assert all(not a.transpose(1, 2)[~seen].any() for a in out.attentions), "a blind query attends to something"
-    worst["logits"] = assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)
-    # the last hidden state is after ln_f, in both
-    assert torch.equal(base.last_hidden_state, base.hidden_states[-1])
-    # where eager is not comparable, the explicit path against SDPA; the fused paths against SDPA everywhere
-    worst["sdpa hidden_states, explicit"] = max(
-        assert_parity(a[~seen], b[~seen], f"hidden_states[{i}] at blind queries, our explicit path against SDPA")
-        for i, (a, b) in enumerate(zip(out.hidden_states, ref_fused.hidden_states)))
-    worst["sdpa logits, explicit"] = assert_parity(out.logits[~seen], ref_fused.logits[~seen],
-                                                   "logits at blind queries, our explicit path against SDPA",
-                                                   atol=LOGITS_ATOL)
-    for path, ours in (("fused", fused), ("GPT2Model fused", base)):
-        worst[f"sdpa hidden_states, {path}"] = max(
-            assert_parity(a, b, f"hidden_states[{i}], our {path} path against SDPA")
-            for i, (a, b) in enumerate(zip(ours.hidden_states, ref_fused.hidden_states)))
-    worst["sdpa logits, fused"] = assert_parity(fused.logits, ref_fused.logits, "logits, our fused path against SDPA",
-                                                atol=LOGITS_ATOL)
-    worst["table rows"] = table_parity(reference, model, inputs)
-    return worst
-
-
-def table_parity(reference, model, inputs: dict) -> float:
-    """Every pair of modules the mapping table marks `compare`, hooked on both sides by the parity report (those of
-    the other heads' classes, whose hook points this model lacks, aside)."""
-    rows = [row for row in GPT2.compared(reference.config.n_layer, with_heads=True) if row.ours in model.hook_names()]
-    compared = compare_modules(GPT2, model, reference, rows, inputs, prefixed=True,
-                               sighted=sighted("gpt2", inputs["attention_mask"]))
-    assert [c.name for c in compared] == [row.ours for row in rows]
-    failed = [f"{c.name}: max |diff| {c.max_abs:.3e}" for c in compared if not c.passed]
-    assert not failed, f"table rows beyond {ATOL:.0e} + {ATOL:.0e}*|ref| (logits {LOGITS_ATOL:.0e}): {failed}"
-    return max(c.max_abs for c in compared)
-
-
 # ---------------------------------------------------------------------------------------------- small, odd configs
 
 
@@ -156,7 +99,7 @@ def test_hub_layout(tmp_path, config, fmt):
     reference = hf_lm(3, 0.3, **config)
     hub = hub_config(reference) | {k: config[k] for k in config.keys() - hub_config(reference).keys()}
     write_checkpoint(reference, tmp_path, hub_state(reference, masked_bias=fmt == "bin"), fmt, config=hub)
-    worst = check_against(reference, tmp_path, padded_inputs(config["vocab_size"]))
+    worst = check_causal_lm("gpt2", reference, tmp_path, padded_inputs(config["vocab_size"]))
     info = GPT2LMHeadModel.from_pretrained(tmp_path).loading_info
     assert not info.prefixed
     assert set(info.ignored) == ({f"h.{i}.attn.bias" for i in range(2)}
@@ -173,7 +116,7 @@ def test_transformers_layout_with_only_lm_head(tmp_path, small):
     model = GPT2LMHeadModel.from_pretrained(tmp_path)
     assert model.loading_info.loaded["embeddings.wte.weight"] == "lm_head.weight"
     assert torch.equal(model.embeddings.wte.weight, reference.lm_head.weight)
-    check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
+    check_causal_lm("gpt2", reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
 
 
 @contextlib.contextmanager
@@ -258,7 +201,7 @@ def test_full_gpt2_config_transformers_layout(tmp_path, full, layout):
         assert len(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]) == len(state)
     else:
         write_checkpoint(full, tmp_path, state, "bin")
-    worst = check_against(full, tmp_path, padded_inputs(GPT2_FULL["vocab_size"], seq=13))
+    worst = check_causal_lm("gpt2", full, tmp_path, padded_inputs(GPT2_FULL["vocab_size"], seq=13))
     info = GPT2Model.from_pretrained(tmp_path).loading_info
     assert info.prefixed
     assert info.ignored == ({"lm_head.weight": "duplicate of wte.weight (tied)"} if "with lm_head" in layout else {})

@@ -13,14 +13,13 @@ import pytest
 import torch
 import transformers
 
-from helpers import (ATOL, LOGITS_ATOL, RTOL, assert_parity, each_device, hub_model_available, randomize_, save,
-                     sighted, write_weights)
+from helpers import (ATOL, LOGITS_ATOL, RTOL, assert_parity, check_causal_lm, each_device, hub_model_available,
+                     randomize_, save, write_weights)
 from scratch_models import (ConfigError, GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForQuestionAnswering,
                             GPTNeoXForSequenceClassification, GPTNeoXForTokenClassification, GPTNeoXModel)
 from scratch_models.gpt_neox.model import rotary_angles, rotate
-from scratch_models_cli.verify import TOLERANCES, compare_modules, verify
+from scratch_models_cli.verify import TOLERANCES, verify
 from weight_mapping import CheckpointError
-from weight_mapping.gpt_neox import GPT_NEOX
 
 SMALL = dict(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
              max_position_embeddings=40, rotary_pct=0.5, bos_token_id=0, eos_token_id=0)
@@ -93,46 +92,6 @@ def padded_inputs(vocab: int, seq: int = 11, seed: int = 1) -> dict:
     return dict(input_ids=ids.masked_fill(mask == 0, 0), attention_mask=mask, position_ids=positions)
 
 
-def check_against(reference, directory, inputs: dict, device: str = "cpu") -> dict:
-    """Our GPTNeoXModel and GPTNeoXForCausalLM from `directory` against `reference`, both on `device`: the explicit
-    path against its eager attention where a query sees a key, the fused path against its SDPA attention
-    everywhere, and every pair of modules the mapping table compares."""
-    reference.to(device)
-    inputs = {name: tensor.to(device) for name, tensor in inputs.items()}
-    seen = sighted("gpt_neox", inputs["attention_mask"])
-    with torch.no_grad():
-        ref = reference(**inputs, output_hidden_states=True, output_attentions=True)
-        model = GPTNeoXForCausalLM.from_pretrained(directory, device=device)
-        out = model(**inputs, output_hidden_states=True, output_attentions=True)
-        fused = model(**inputs, output_hidden_states=True)
-        base = GPTNeoXModel.from_pretrained(directory, device=device)(**inputs, output_hidden_states=True)
-        reference.set_attn_implementation("sdpa")
-        try:
-            ref_fused = reference(**inputs, output_hidden_states=True)
-        finally:
-            reference.set_attn_implementation("eager")
-    layers = reference.config.num_hidden_layers
-    assert len(out.hidden_states) == len(ref.hidden_states) == len(base.hidden_states) == layers + 1
-    worst = {"hidden_states": max(assert_parity(a[seen], b[seen], f"hidden_states[{i}]")
-                                  for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states))),
-             "attentions": max(assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
-                               for i, (a, b) in enumerate(zip(out.attentions, ref.attentions))),
-             "logits": assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)}
-    assert torch.equal(base.last_hidden_state, base.hidden_states[-1])  # after the final LayerNorm, as theirs
-    for path, ours in (("fused", fused), ("GPTNeoXModel fused", base)):
-        worst[f"sdpa hidden_states, {path}"] = max(
-            assert_parity(a, b, f"hidden_states[{i}], our {path} path against SDPA")
-            for i, (a, b) in enumerate(zip(ours.hidden_states, ref_fused.hidden_states)))
-    worst["sdpa logits"] = assert_parity(fused.logits, ref_fused.logits, "logits against SDPA", atol=LOGITS_ATOL)
-    rows = [row for row in GPT_NEOX.compared(layers, with_heads=True) if row.ours in model.hook_names()]
-    compared = compare_modules(GPT_NEOX, model, reference, rows, inputs, prefixed=True, sighted=seen)
-    assert [c.name for c in compared] == [row.ours for row in rows]
-    failed = [f"{c.name}: max |diff| {c.max_abs:.3e}" for c in compared if not c.passed]
-    assert not failed, f"table rows beyond the fp32 bound: {failed}"
-    worst["table rows"] = max(c.max_abs for c in compared)
-    return worst
-
-
 # ------------------------------------------------------------------------------------------------ layouts
 
 
@@ -147,7 +106,7 @@ def test_checkpoint_layouts_and_variants_match_transformers(tmp_path, variant, l
     else:
         fmt = "bin" if layout.endswith("bin") else "safetensors"
         write_pythia(reference, tmp_path, fmt, shards=3 if layout.endswith("sharded") else 1)
-    worst = check_against(reference, tmp_path, padded_inputs(SMALL["vocab_size"]), device)
+    worst = check_causal_lm("gpt_neox", reference, tmp_path, padded_inputs(SMALL["vocab_size"]), device)
     info = GPTNeoXForCausalLM.from_pretrained(tmp_path).loading_info
     assert info.prefixed
     if layout.startswith("pythia"):  # the buffers, each with its reason; nothing else left out
@@ -205,7 +164,7 @@ def test_full_pythia_70m_config(tmp_path):
                                                              attn_implementation="eager").eval()
     write_weights(pythia_state(reference), tmp_path, "safetensors", shards=2)
     (tmp_path / "config.json").write_text(json.dumps(PYTHIA_70M))
-    worst = check_against(reference, tmp_path, padded_inputs(PYTHIA_70M["vocab_size"], seq=19))
+    worst = check_causal_lm("gpt_neox", reference, tmp_path, padded_inputs(PYTHIA_70M["vocab_size"], seq=19))
     assert len(GPTNeoXForCausalLM.from_pretrained(tmp_path).loading_info.loaded) == 1 + 6 * 12 + 2 + 1
     print(f"pythia-70m config: worst |diff| {worst}")
 
