@@ -22,17 +22,11 @@ def pytest_collection_modifyitems(items):
 def tiny_gpt2(tmp_path_factory):
     """A random GPT-2 with a byte-level BPE tokenizer trained on the spot (no GPT-2 tokenizer is local)."""
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from helpers import randomize_
+    from helpers import byte_level_bpe, randomize_
 
     directory = tmp_path_factory.mktemp("tiny-gpt2")
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(["The meaning of life is to learn.", "Once upon a time there lived a cat."] * 5,
-                                  trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = byte_level_bpe(["The meaning of life is to learn.", "Once upon a time there lived a cat."] * 5, 300)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
     fast.save_pretrained(directory)
     config = transformers.GPT2Config(vocab_size=len(fast), n_positions=64, n_embd=48, n_layer=2, n_head=3,

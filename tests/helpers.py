@@ -271,3 +271,16 @@ def check_causal_lm(family: str, reference, directory, inputs: dict, device: str
     assert not failed, f"table rows beyond {ATOL:.0e} + {ATOL:.0e}*|ref| (logits {LOGITS_ATOL:.0e}): {failed}"
     worst["table rows"] = max(c.max_abs for c in compared)
     return worst
+
+
+def byte_level_bpe(texts: list[str], vocab_size: int):
+    """A byte-level BPE (tokenizers.Tokenizer) as GPT-2's and Pythia's are, with <|endoftext|>, trained on `texts`
+    (no such tokenizer is local)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tokenizer

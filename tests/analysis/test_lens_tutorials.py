@@ -28,7 +28,7 @@ from functools import partial
 import pytest
 import torch
 
-from helpers import randomize_
+from helpers import byte_level_bpe, randomize_
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (the test "
                                        "extra installs it: pip install -e '.[test]')")
@@ -351,13 +351,9 @@ def exploratory_attribution(model) -> dict:
 def write_gpt2(directory, config: dict, std: float):
     """Random GPT-2 weights of `config` in transformers' layout, and a tokenizer trained on the tutorials' texts."""
     import transformers
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(
-        vocab_size=2000, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = byte_level_bpe(CORPUS * 20, 2000)
     # GPT-2's 50257 ids, so random tokens and the top predictions decode as they do with GPT-2's own tokenizer
     tokenizer.add_tokens([AddedToken(f"<|unused{i}|>") for i in range(50257 - tokenizer.get_vocab_size())])
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>",

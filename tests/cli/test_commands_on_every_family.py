@@ -10,7 +10,7 @@ import torch
 import transformers
 from PIL import Image
 
-from helpers import reference, save
+from helpers import byte_level_bpe, reference, save
 from scratch_models.families import FAMILIES
 from scratch_models_cli.cli import main
 from weight_mapping import embedded_checkpoint
@@ -23,13 +23,7 @@ CLEAN, CORRUPTED = "The meaning of life is", "The meaning of time is"
 
 def bpe_tokenizer(directory):
     """A byte-level BPE of 300 ids with an end-of-text token, trained on the texts, as GPT-2's and Pythia's are."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([*TEXTS, CLEAN, CORRUPTED] * 5, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = byte_level_bpe([*TEXTS, CLEAN, CORRUPTED] * 5, 300)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
     fast.save_pretrained(directory)
     return fast

@@ -9,10 +9,8 @@ import shutil
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer as RustTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from helpers import randomize_
+from helpers import byte_level_bpe, randomize_
 from scratch_models import BertModel, CheckpointError, GPT2LMHeadModel
 from scratch_models.tokenizer import Tokenizer
 from weight_mapping import embedded_checkpoint
@@ -28,11 +26,7 @@ def gpt2_dir(tmp_path_factory):
     """A byte-level BPE in the hub's gpt2 layout: tokenizer.json, vocab.json, merges.txt and config.json, no
     tokenizer_config.json (transformers then builds its GPT2Tokenizer with <|endoftext|> as BOS / EOS)."""
     scratch = tmp_path_factory.mktemp("bpe")
-    bpe = RustTokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator([*TEXTS, LONG] * 3, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe = byte_level_bpe([*TEXTS, LONG] * 3, 400)
     bpe.model.save(str(scratch))
     directory = tmp_path_factory.mktemp("gpt2-tokenizer")
     transformers.GPT2Tokenizer(vocab=str(scratch / "vocab.json"), merges=str(scratch / "merges.txt")).save_pretrained(
