@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from .attention import head_results
+from .parts.attention import head_results
 from .lens_names import act_name
 
 # where a pos_slice is applied: None (all), an index (the axis goes), a slice, or a list / tensor of indices

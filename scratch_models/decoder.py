@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Mask, causal_mask, nothing_padded
+from .parts.attention import Mask, causal_mask, nothing_padded
 from .generation import GenerationMixin, KVCache
 from .hook_point import HookPoint
 from .inputs import check_ids, check_mask

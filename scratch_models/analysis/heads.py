@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..attention import is_masked
+from ..parts.attention import is_masked
 from .patching import (DEFAULT_BATCH_SIZE, Metric, Patch, check_autograd, check_metric, forward_inputs, measure,
                        num_layers, run_patches)
 

@@ -57,7 +57,7 @@ class BertConfig(ModelConfig):
                 f"{source}: hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
-        from ..activations import get_activation
+        from ..parts.activations import get_activation
 
         try:
             get_activation(self.hidden_act, "hidden_act")

@@ -15,8 +15,8 @@ from torch import nn
 
 from weight_mapping import BERT
 
-from ..activations import get_activation
-from ..attention import attend, padding_mask, project_heads, result_point
+from ..parts.activations import get_activation
+from ..parts.attention import attend, padding_mask, project_heads, result_point
 from ..hook_point import HookPoint
 from ..inputs import check_ids, check_mask
 from ..losses import cross_entropy

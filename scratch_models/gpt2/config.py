@@ -66,7 +66,7 @@ class GPT2Config(ModelConfig):
         require_problem_type(self, source)
         if self.n_embd % self.n_head:
             raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
-        from ..activations import get_activation
+        from ..parts.activations import get_activation
 
         try:
             get_activation(self.activation_function, "activation_function")

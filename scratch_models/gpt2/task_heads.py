@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..activations import get_activation
+from ..parts.activations import get_activation
 from ..config import ConfigError
 from ..decoder import add_lm_head
 from ..decoder_heads import QuestionAnswering, SequenceClassification, TokenClassification

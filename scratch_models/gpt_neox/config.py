@@ -83,7 +83,7 @@ class GPTNeoXConfig(ModelConfig):
         if self.rotary_dim % 2:
             raise ConfigError(f"{source}: the rotary embedding turns pairs of dimensions, and int(head size "
                               f"{self.head_dim} x rotary_pct {self.rotary_pct}) = {self.rotary_dim} is odd")
-        from ..activations import get_activation
+        from ..parts.activations import get_activation
 
         try:
             get_activation(self.hidden_act, "hidden_act")

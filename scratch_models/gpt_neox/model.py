@@ -18,8 +18,8 @@ from torch import nn
 
 from weight_mapping.gpt_neox import GPT_NEOX
 
-from ..activations import get_activation
-from ..attention import attend, project_heads, result_point
+from ..parts.activations import get_activation
+from ..parts.attention import attend, project_heads, result_point
 from ..decoder import CausalDecoder, CausalLM, Step
 from ..hook_point import HookPoint
 from .config import GPTNeoXConfig

@@ -21,7 +21,8 @@ import transformers
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from scratch_models import BertModel, GPT2Config, GPT2Model, activations, attention
+from scratch_models import BertModel, GPT2Config, GPT2Model
+from scratch_models.parts import activations, attention
 from scratch_models.views.attention_plots import attention_grid_png, head_png
 from scratch_models.bert.model import BertMLP, BertPooler, BertSelfAttention
 from scratch_models.bert.task_heads import BertForSequenceClassification

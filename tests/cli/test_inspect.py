@@ -14,7 +14,7 @@ import transformers
 from PIL import Image, ImageStat
 
 from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
-from scratch_models import attention as attention_module
+from scratch_models.parts import attention as attention_module
 from scratch_models.analysis.heads import attention_summary, token_groups
 from scratch_models.views.attention_page import AttentionPage
 from scratch_models.views.attention_plots import (GRID_CELL, GRID_LEFT, GRID_RIGHT, GRID_TOP, HEAD_MAX, HEAD_MIN,

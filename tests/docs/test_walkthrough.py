@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from scratch_models import attention
+from scratch_models.parts import attention
 from scratch_models.bert.model import BertSelfAttention
 from scratch_models_docs import hook_names as docs
 from scratch_models_docs.walkthrough import ExcerptError, excerpt, image_paths, walkthrough_markdown
@@ -63,7 +63,7 @@ def test_every_excerpt_is_the_source_at_the_lines_it_links():
 
 
 def test_an_anchor_missing_from_the_code_is_a_clear_error():
-    with pytest.raises(ExcerptError, match=r"attend \(scratch_models/attention\.py\).*'s = q @ k\.T / 8'"):
+    with pytest.raises(ExcerptError, match=r"attend \(scratch_models/parts/attention\.py\).*'s = q @ k\.T / 8'"):
         excerpt(attention.attend, "s = q @ k.T / 8")
     with pytest.raises(ExcerptError, match=r"BertSelfAttention\.forward.*'no such end'"):
         excerpt(BertSelfAttention.forward, "q = self.q(", "no such end")
@@ -84,7 +84,7 @@ def test_the_gelu_section_says_which_gelu_bert_was_trained_with_and_how_far_tran
     says so, with the largest gap between the two, which it measures."""
     import torch
 
-    from scratch_models import activations
+    from scratch_models.parts import activations
 
     page = PAGE.read_text(encoding="utf-8")
     section = page[page.index("## 6. GELU"):page.index("## 7.")]

@@ -269,7 +269,7 @@ def test_use_cache_continues_with_default_positions(small):
 def test_unpadded_forward_uses_the_kernels_causal_mode_and_matches_both_paths(small, monkeypatch):
     """Without padding no mask is built: SDPA applies causality itself (as transformers asks of it), and the
     explicit path builds the same triangle; both agree with transformers."""
-    from scratch_models import attention as attention_module
+    from scratch_models.parts import attention as attention_module
 
     reference, directory = small
     model = GPT2LMHeadModel.from_pretrained(directory)
