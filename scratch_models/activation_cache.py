@@ -74,14 +74,17 @@ class ActivationCache(Mapping):
             raise KeyError(self._missing(name if isinstance(name, str) else lens_name or repr(name))) from None
         if resolved.source is None:
             raise KeyError(f"TransformerLens' {resolved.name} has no counterpart here: {resolved.entry.reason}")
-        gradient = lens_name.endswith("_grad")
-        source = resolved.source + ("_grad" if gradient else "")
-        if source not in self._tensors:
-            raise KeyError(f"{lens_name} (our {source}) is not cached: " + self._missing(source).split(": ", 1)[1])
-        if gradient and not resolved.editable:
-            raise KeyError(f"{lens_name}: {resolved.name} is computed from our {resolved.source}, not a tensor of the "
-                           "run, so it has no cached gradient")
-        return resolved.show(self._tensors[source], self.model, self._batch_size() if self.has_batch_dim else None)
+        batch = self._batch_size() if self.has_batch_dim else None
+        if lens_name.endswith("_grad"):
+            source = resolved.source + "_grad"
+            if source not in self._tensors:
+                raise KeyError(f"{lens_name} (our {source}) is not cached: " + self._missing(source).split(": ", 1)[1])
+            return resolved.show(self._tensors[source], self.model, batch)
+        try:
+            return resolved.read(self._tensors, self.model, batch)
+        except KeyError as e:
+            missing = e.args[0]
+            raise KeyError(f"{lens_name} (our {missing}) is not cached: " + self._missing(missing).split(": ", 1)[1])
 
     def __contains__(self, name) -> bool:
         try:
@@ -225,23 +228,21 @@ class ActivationCache(Mapping):
     @torch.no_grad()
     def apply_ln_to_stack(self, residual_stack: torch.Tensor, layer: int | None = None, mlp_input: bool = False,
                           pos_slice: PosSlice = None) -> torch.Tensor:
-        """Parts of a residual stream (their last axis h) through the LayerNorm that reads that stream, its scale
-        frozen at the whole stream's: each part is centred, divided by sqrt(var(stream) + eps) and multiplied by
-        the LayerNorm's weight. A linear map, so parts that summed to the stream now sum to the LayerNorm's output
-        less its bias, which no part writes. TransformerLens' apply_ln_to_stack, with the weight applied (TL folds
-        it into the next matrix).
+        """Parts of a residual stream (their last axis h) through the norm that reads that stream, its divisor
+        frozen at the whole stream's: each part is treated as the norm treats the stream (centred by a LayerNorm,
+        not by an RMSNorm), divided by the stream's divisor (sqrt(var + eps), or sqrt(mean(x²) + eps)) and
+        multiplied by the norm's gain (its weight; Gemma's 1 + weight). A linear map, so parts that summed to the
+        stream now sum to the norm's output less its bias, which no part writes. TransformerLens'
+        apply_ln_to_stack, with the gain applied (TL folds it into the next matrix). The norm says how it
+        normalises (scratch_models.parts.norms): nothing here assumes which.
 
-        The LayerNorm is the one `decompose_resid(layer, mlp_input)` names: GPT-2 ln_1 of `layer` (ln_2 with
-        mlp_input), or ln_f for the final stream (None or -1); BERT the LayerNorm that made the stream `layer`
-        reads. `pos_slice`: the one the stack was taken with.
+        The norm is the one `decompose_resid(layer, mlp_input)` names: a pre-LN family's first norm of `layer`
+        (its MLP's with mlp_input), or the final norm for the final stream (None or -1); BERT the LayerNorm that
+        made the stream `layer` reads. `pos_slice`: the one the stack was taken with.
         """
         layer = self._layer(layer)
         _, total, norm = self._stream().decomposition(layer, mlp_input)
-        resid = self[total]
-        inv_scale = torch.rsqrt(resid.float().var(-1, keepdim=True, correction=0) + norm.eps)
-        inv_scale = _pos(inv_scale, pos_slice, -2)
-        centred = residual_stack - residual_stack.mean(-1, keepdim=True)
-        return (centred.float() * inv_scale * norm.weight.float()).to(residual_stack.dtype)
+        return norm.frozen(residual_stack, _pos(norm.divisor(self[total]), pos_slice, -2))
 
     # ---- heads ----------------------------------------------------------------------------------------------------
 

@@ -34,10 +34,20 @@ class Step:
     cache: KVCache | None  # the keys and values of the tokens before these, extended by each block
     need_probs: bool  # output_attentions: the explicit attention path, returning the probabilities
     positional: object = None  # the family's own (CausalDecoder.positional), e.g. GPT-NeoX's rotary (cos, sin)
+    # the keys a sliding-window layer's queries may see, where the window hides some of them (None: it hides none
+    # in this pass, or the model has no window)
+    window_mask: Mask | None = None
+
+    def attention(self, sliding: bool = False) -> tuple[Mask | None, bool]:
+        """(mask, causal) for a layer's attention: a sliding-window layer's own where its window hides keys."""
+        return (self.window_mask, False) if sliding and self.window_mask is not None else (self.mask, self.causal)
 
 
 class CausalDecoder(PretrainedModel):
-    """A causal stack of blocks, run on new tokens after the ones a KV cache holds."""
+    """A causal stack of blocks, run on new tokens after the ones a KV cache holds. `sliding_window`: how many keys
+    (itself included) a query of a sliding-window layer sees at most; None where no layer has a window."""
+
+    sliding_window: int | None = None
 
     def positional(self, x: torch.Tensor, position_ids: torch.Tensor):
         """What the blocks need of the positions beyond the embeddings (Step.positional): nothing by default."""
@@ -75,8 +85,10 @@ class CausalDecoder(PretrainedModel):
         # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
         # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
         causal = attention_mask is None and past == 0
+        window = self.sliding_window if self.sliding_window is not None and self.sliding_window < past + seq else None
         step = Step(mask=None if causal else causal_mask(attention_mask, seq, past, x.device), causal=causal,
-                    cache=cache, need_probs=output_attentions, positional=self.positional(x, position_ids))
+                    cache=cache, need_probs=output_attentions, positional=self.positional(x, position_ids),
+                    window_mask=causal_mask(attention_mask, seq, past, x.device, window) if window else None)
         hidden_states, attentions = ([x] if output_hidden_states else None), []  # kept only when asked
         for layer in self.layers:
             x, probs = layer(x, step)
@@ -104,7 +116,7 @@ class CausalDecoder(PretrainedModel):
             raise ValueError(f"past_key_values must be a KVCache (as returned with use_cache=True), "
                              f"got {type(past_key_values).__name__}")
         attn = self.layers[0].attn
-        past_key_values.check_fits(len(self.layers), batch, attn.num_heads, attn.head_dim)
+        past_key_values.check_fits(len(self.layers), batch, attn.num_kv_heads, attn.head_dim)
         return past_key_values
 
     @property
@@ -148,6 +160,7 @@ class CausalLM(GenerationMixin):
 
     checkpoint_prefixed = True
     tied_output_layer = True
+    target = "next"  # the command line's heads and patch measure the next token's logit (Family.targets)
 
     def __init__(self, config):
         super().__init__(config)

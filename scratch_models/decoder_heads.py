@@ -28,6 +28,8 @@ class SequenceClassification:
 
     checkpoint_prefixed = True
     reads_last_token = True
+    target = "class"  # what the command line's heads and patch measure (Family.targets)
+    classify_as = "labels"  # what its classify reads (Family.classifiers)
 
     def __init__(self, config):
         super().__init__(config)
@@ -78,6 +80,7 @@ class TokenClassification:
     """A class for every token (named entities, parts of speech)."""
 
     checkpoint_prefixed = True
+    classify_as = "tokens"
 
     def __init__(self, config):
         super().__init__(config)
@@ -102,6 +105,7 @@ class QuestionAnswering:
     """Extractive question answering: scores for each token as the first and as the last of the answer span."""
 
     checkpoint_prefixed = True
+    classify_as = "span"
 
     def __init__(self, config):
         super().__init__(config)

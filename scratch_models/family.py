@@ -38,6 +38,15 @@ class ResidualStream:
         is none (see has_mid)."""
         raise NotImplementedError
 
+    def attn_out(self, layer: int) -> str:
+        """What layer's attention adds to the stream (TransformerLens' attn_out): its output projection's, unless
+        a family normalises it on the way (Gemma 2's post-attention norm)."""
+        return f"layers.{layer}.attn.proj"
+
+    def mlp_out(self, layer: int) -> str:
+        """What layer's MLP adds to the stream (TransformerLens' mlp_out)."""
+        return f"layers.{layer}.mlp.proj"
+
     @property
     def has_mid(self) -> bool:
         """Whether a stream runs between each layer's attention and its MLP (resid_mid)."""
@@ -95,9 +104,9 @@ class PreLNStream(ResidualStream):
         parts = [(label, name, "embed") for label, name in self.embed_parts]
         with_own_attn = mlp_input and not self.parallel  # the MLP reads the layer's own attention output too
         for l in range(layer + with_own_attn):
-            parts.append((f"{l}_attn_out", f"layers.{l}.attn.proj", "attn"))
+            parts.append((f"{l}_attn_out", self.attn_out(l), "attn"))
             if l < layer:
-                parts.append((f"{l}_mlp_out", f"layers.{l}.mlp.proj", "mlp"))
+                parts.append((f"{l}_mlp_out", self.mlp_out(l), "mlp"))
         if mlp_input:
             total = self.resid_mid(layer) if with_own_attn else self.resid_pre(layer)
             return parts, total, self.model.layers[layer].norm_2
@@ -136,11 +145,12 @@ class Family:
     input_names: tuple[str, ...]  # forward arguments our classes and transformers' both take
     positions_field: str  # the config field that bounds a sequence's length
     causal: bool  # a query sees the keys up to itself only (and the family's LM head generates text)
-    # our class name -> what the command line's heads and patch commands measure on its output (see targets.py):
-    # "next" (the next token's logit), "mlm" (a masked token), "class" (a class logit), "pooler"
-    targets: dict[str, str]
     default_texts: tuple[str, ...]  # what the parity report runs when given no text
     default_pairs: tuple[str, ...] = ()  # second segments of default_texts, for a family with token types
+    # our class name -> what the command line's heads and patch commands measure on its output (see targets.py):
+    # "next" (the next token's logit), "mlm" (a masked token), "class" (a class logit), "pooler"; None: each class's
+    # own `target` (the decoders' shared heads declare theirs: decoder.py, decoder_heads.py)
+    targets: dict[str, str] | None = None
     # a small odd config of the family (2 layers, 3 heads of 16, an MLP width of 37, a vocabulary of 37 whose last
     # id is the end of text where the family has one): the tests build and vary every family from it, docs read the
     # structure of models built from it
@@ -152,8 +162,9 @@ class Family:
     # someone whose checkpoint lacks that head
     lm_checkpoint: str = ""
     # our class name -> what the command line's classify reads from its output: "labels" (a score per label),
-    # "tokens" (a label per token), "span" (a question's answer in a context), "next_sentence" (BERT's NSP)
-    classifiers: dict = dataclasses.field(default_factory=dict)
+    # "tokens" (a label per token), "span" (a question's answer in a context), "next_sentence" (BERT's NSP); None:
+    # each class's own `classify_as`, as targets
+    classifiers: dict | None = None
     # TransformerLens' names for the family's tensors, weights and config (scratch_models.lens_names.LensTable, in
     # the family's transformer_lens.py); None: TL's names are refused, saying the family declares none
     transformer_lens: LensTable | None = None
@@ -161,6 +172,10 @@ class Family:
     def __post_init__(self):
         for cls in (self.base, *self.heads):
             cls.family = self
+        for field, attribute in (("targets", "target"), ("classifiers", "classify_as")):
+            if getattr(self, field) is None:
+                declared = {cls.__name__: getattr(cls, attribute, None) for cls in self.classes}
+                object.__setattr__(self, field, {name: kind for name, kind in declared.items() if kind})
 
     def tiny(self, **changes):
         """A config of the family from `tiny_config` with `changes`."""

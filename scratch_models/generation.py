@@ -16,7 +16,8 @@ from .inputs import check_ids, check_mask
 class KVCache:
     """Per layer, the keys and values of every token seen so far.
 
-    Each layer keeps one buffer [batch, heads, capacity, head_dim] for keys and one for values, written in place:
+    Each layer keeps one buffer [batch, kv_heads, capacity, head_dim] for keys and one for values (kv_heads: the
+    key/value heads, fewer than the query heads with grouped-query attention), written in place:
     a step copies in only its new tokens. `generate` knows how many tokens it will feed and sizes the buffers
     once; a cache that runs out doubles its buffers, so growing costs amortised O(1) copies per token.
     """
@@ -32,7 +33,7 @@ class KVCache:
         """Rows held, or None before the first write."""
         return None if self.keys[0] is None else self.keys[0].shape[0]
 
-    def check_fits(self, num_layers: int, batch: int, num_heads: int, head_dim: int) -> None:
+    def check_fits(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int) -> None:
         """A ValueError, naming both sides, when this cache was not filled by a model like the one about to read
         it: another layer count, batch size or head layout, each of which would fail deep inside attention with a
         bare IndexError or shape error. (Its dtype is left alone: under autocast it differs from the weights'.)"""
@@ -44,9 +45,10 @@ class KVCache:
             return
         if held.shape[0] != batch:
             raise ValueError(f"input_ids has batch size {batch}, but past_key_values holds {held.shape[0]} rows")
-        if (held.shape[1], held.shape[3]) != (num_heads, head_dim):
-            raise ValueError(f"past_key_values holds {held.shape[1]} heads of size {held.shape[3]}, but this model "
-                             f"has {num_heads} of size {head_dim}: a cache serves the model that filled it")
+        if (held.shape[1], held.shape[3]) != (num_kv_heads, head_dim):
+            raise ValueError(f"past_key_values holds {held.shape[1]} key/value heads of size {held.shape[3]}, but "
+                             f"this model has {num_kv_heads} of size {head_dim}: a cache serves the model that "
+                             "filled it")
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k, v [b, n, s, d] after the tokens held; return all keys and values [b, n, length + s, d].

@@ -250,7 +250,7 @@ class HookedModel(nn.Module):
             if callable(name):
                 chosen = [n for n in (names if lens else points) if name(n)]
                 if lens:  # as TL's filters: names with a tensor here, the opt-in ones only when named
-                    chosen = [n for n in chosen if names[n].source is not None and not points[names[n].source].opt_in]
+                    chosen = [n for n in chosen if names[n].offered]
                 if not chosen:
                     some = ", ".join(list(names if lens else points)[:4])
                     raise ValueError(f"the hook filter {getattr(name, '__name__', name)!r} holds for no hook point "
@@ -271,22 +271,13 @@ def _target(model, name: str, fn, lens: bool, backward: bool, points, names, bat
     source = name if resolved is None else resolved.source
     hook = LensHook(model, name) if lens else name
     if backward:
-        if resolved is not None and not resolved.editable:
-            raise ValueError(f"{name} is computed from our {source}, not held by a hook point of its own: it has no "
-                             "gradient to hook; hook the stream it is computed from")
         return source, _backward(fn, hook, resolved)
     if resolved is None:
         return source, (lambda x, _: fn(x, hook)) if lens else fn
 
     def run(x, _):
         shown = resolved.show(x, model, batch)
-        version = shown._version
         replaced = fn(shown, hook)
-        if not resolved.editable:
-            if (replaced is not None and replaced is not shown) or shown._version != version:
-                raise ValueError(f"{name} is computed from our {source} for reading (no hook point holds it), so it "
-                                 "cannot be edited: edit the stream it is computed from")
-            return None
         layout = resolved.entry.layout
         if replaced is None:
             return None if layout.view else layout.take(shown, x)
@@ -337,8 +328,7 @@ def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
     if callable(names):
         if not tl_way:
             return [n for n in points if names(n)]
-        sources = [lens[n].source for n in lens if lens[n].source and names(n)]
-        return list(dict.fromkeys(source for source in sources if not points[source].opt_in))
+        return list(dict.fromkeys(lens[n].cached_from for n in lens if lens[n].offered and names(n)))
     wanted = []
     for name in [names] if isinstance(names, str) else list(names):
         if name in points:

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from .parts.attention import is_masked
+from .parts.attention import is_masked, repeat_kv
 
 ATTENTION_HOOKS = ("q", "k", "scores", "probs")  # what the pictures need from each layer's attention
 _MASKED_BELOW = -1e30  # a score at or below this is a mask value, not a score a model computed
@@ -28,7 +28,7 @@ class AttentionCapture:
     probs: torch.Tensor  # [layers, heads, query, key]
     scores: torch.Tensor  # [layers, heads, query, key], scaled and masked, before softmax
     q: torch.Tensor  # [layers, heads, query, head_dim]
-    k: torch.Tensor  # [layers, heads, key, head_dim]
+    k: torch.Tensor  # [layers, heads, key, head_dim]: with grouped-query attention, each query head's shared key head
     sentence_b_start: int | None = None  # index in `tokens` of the first token of segment B (0: all of them)
     positions: list[int] | None = None  # each token's position in the model's input; None: 0, 1, 2, ...
     input_length: int | None = None  # tokens in the model's input, shown or not; None: len(tokens)
@@ -95,6 +95,8 @@ class AttentionCapture:
         # -65504, so the masked entries are marked once here, where the dtype is known
         scores = torch.stack([_masked_to_minus_inf(cache[f"layers.{i}.attn.scores"][row]) for i in layers])
         probs, q, k = stacked("probs"), stacked("q"), stacked("k")
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: each key head serves a group of query heads
+            k = repeat_kv(k, q.shape[1] // k.shape[1])
         seq = probs.shape[-1]
         if len(tokens) != seq or q.shape[-2] != seq:
             raise ValueError(f"tokens: {len(tokens)} given for attention over {seq} positions "

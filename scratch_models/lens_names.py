@@ -8,9 +8,11 @@ each TL hook name to the tensor of ours that holds the same values and the layou
     Alias(source, HEADS)     heads and positions swapped: [b, n, s, d] <-> TL's [b, s, n, d] (hook_q/k/v/z)
     Alias(source, SCORES)    blocked entries as TL writes them, -inf, where ours hold the dtype's lowest number
     Alias(source, BATCH)     one row for the batch ([1, s, h]) shown as TL shows it, one per sequence
-    LayerNormScale/Normalized(source, norm)
-                             read only: TL's LayerNorm hooks (hook_scale, hook_normalized), computed from the
-                             stream the LayerNorm reads as TransformerLens computes them; editing one is refused
+    NormStatistic(norm, which, stream)
+                             TL's norm hooks (hook_scale, hook_normalized): the opt-in `scale` / `normalized` hook
+                             point of our norm module `norm`, real forwards and backwards; a cache that did not
+                             record the point computes it from `stream`, the stream the norm reads, by the norm's
+                             own formula (norm_statistics() declares both of a norm)
     Missing(reason)          a TL name whose meaning this family has no counterpart for: the reason is the error
 
 `source` is our hook name with `{i}` for the layer, or a function of the family's ResidualStream and the layer
@@ -140,35 +142,31 @@ class Alias:
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerNormScale:
-    """TL's `hook_scale` [.., s, 1]: sqrt(var + eps) of the stream `source` that the LayerNorm `norm` (a path from
-    the model, `{i}` the layer) reads. Read only: no hook point of ours holds it."""
+class NormStatistic:
+    """TL's `hook_scale` (`which` "scale": the divisor, [.., s, 1]) or `hook_normalized` ("normalized": the stream
+    centred where the norm centres and divided by it, before the weight) of our norm module at `norm` (a path from
+    the model, `{i}` the layer): that module's opt-in hook point, so it can be read, edited and differentiated. Where
+    a cache did not record the point (run_with_cache records opt-in points only when named), the value is computed
+    from `stream`, the stream the norm reads, by the norm's own formula (scratch_models.parts.norms): nothing here
+    assumes a LayerNorm."""
 
-    source: Source
     norm: str
-    note = "read only: sqrt(var + eps) over the hidden axis, [.., s, 1]"
+    which: str
+    stream: Source
+    layout = SAME
 
-    def compute(self, x: torch.Tensor, eps: float) -> torch.Tensor:
-        return _centred_and_scale(x, eps)[1]
+    @property
+    def source(self) -> str:
+        return f"{self.norm}.{self.which}"
 
-
-@dataclasses.dataclass(frozen=True)
-class LayerNormNormalized(LayerNormScale):
-    """TL's `hook_normalized`: the stream centred and divided by `hook_scale`, before the LayerNorm's weight and
-    bias (TransformerBridge's meaning). Read only."""
-
-    note = "read only: centred and divided by hook_scale, before the LayerNorm's weight and bias"
-
-    def compute(self, x, eps):
-        centred, scale = _centred_and_scale(x, eps)
-        return (centred / scale).to(x.dtype)
+    def compute(self, norm, x: torch.Tensor) -> torch.Tensor:
+        return norm.divisor(x) if self.which == "scale" else norm.normalize(x)
 
 
-def _centred_and_scale(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """In float32 at least, in TransformerLens' order of operations, so the values are TL's to the last bit."""
-    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    centred = x - x.mean(-1, keepdim=True)
-    return centred, (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+def norm_statistics(prefix: str, norm: str, stream: Source) -> dict[str, NormStatistic]:
+    """TL's two hooks of one norm: `{prefix}.hook_scale` and `{prefix}.hook_normalized` of our norm `norm`, which
+    reads `stream`."""
+    return {f"{prefix}.hook_{which}": NormStatistic(norm, which, stream) for which in ("scale", "normalized")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +176,27 @@ class Missing:
     reason: str
 
 
-Entry = Alias | LayerNormScale | Missing
+Entry = Alias | NormStatistic | Missing
 Weight = Callable  # fn(model, layer) -> the tensor in TL's shape (layer is None outside blocks)
+
+
+def attention_hooks(q: str = "q", k: str = "k") -> dict[str, Alias]:
+    """TL's attention hooks of a decoder layer whose attention, `layers.{i}.attn`, has our usual points: hook_q,
+    hook_k, hook_v and hook_z per head in TL's [b, s, n, d] (with grouped-query attention hook_k and hook_v keep
+    their n_kv heads, TL's default, `ungroup_grouped_query_attention=False`), the scores with -inf where blocked,
+    the pattern, each head's result and the attention's output. `q`, `k`: our points TL's hook_q and hook_k are
+    (a rotary family's are before the rotation: its hook_rot_q / hook_rot_k are declared beside)."""
+    attn = "layers.{i}.attn"
+    return {
+        "blocks.{i}.attn.hook_q": Alias(f"{attn}.{q}", HEADS),
+        "blocks.{i}.attn.hook_k": Alias(f"{attn}.{k}", HEADS),
+        "blocks.{i}.attn.hook_v": Alias(f"{attn}.v", HEADS),
+        "blocks.{i}.attn.hook_attn_scores": Alias(f"{attn}.scores", SCORES),
+        "blocks.{i}.attn.hook_pattern": Alias(f"{attn}.probs"),
+        "blocks.{i}.attn.hook_z": Alias(f"{attn}.context", HEADS),
+        "blocks.{i}.attn.hook_result": Alias(f"{attn}.result"),
+        "blocks.{i}.hook_attn_out": Alias(f"{attn}.proj"),
+    }
 
 
 # ---- weights a family's declaration already gives --------------------------------------------------------------
@@ -222,23 +239,41 @@ class LensTable:
 
 @dataclasses.dataclass(frozen=True)
 class Resolved:
-    """One TL name on one model: the entry, our hook point that holds its values (None for Missing), the layer."""
+    """One TL name on one model: the entry, our hook point that holds its values (None for Missing), the layer, and
+    whether that point is opt-in (computed only for a listener)."""
 
     name: str
     entry: Entry
     source: str | None
     layer: int | None
+    opt_in: bool = False
+    stream: str | None = None  # a NormStatistic's: the stream its norm reads, from which a cache computes it
 
     @property
-    def editable(self) -> bool:
-        return isinstance(self.entry, Alias)
+    def offered(self) -> bool:
+        """Whether TL offers the name to a predicate (names_filter, hooks by a function): all but the opt-in points
+        TL makes opt-in too (hook_result); its norms' hook_scale and hook_normalized are always there."""
+        return self.source is not None and (not self.opt_in or isinstance(self.entry, NormStatistic))
+
+    @property
+    def cached_from(self) -> str | None:
+        """What a cache must hold to show this name: the point, or for a norm statistic the stream it is computed
+        from (so a predicate caching TL's names costs no explicit norm)."""
+        return self.stream if isinstance(self.entry, NormStatistic) else self.source
 
     def show(self, x: torch.Tensor, model, batch: int | None) -> torch.Tensor:
         """Our `source` tensor as TL's."""
-        if isinstance(self.entry, Alias):
-            return self.entry.layout.show(x, batch)
-        norm = resolve_path(model, self.entry.norm.format(i=self.layer))
-        return self.entry.compute(x, norm.eps)
+        return self.entry.layout.show(x, batch)
+
+    def read(self, tensors: dict, model, batch: int | None) -> torch.Tensor:
+        """TL's tensor from a cache's `tensors`: the point's, or a norm statistic computed from its stream. A
+        KeyError (naming what is missing) when neither is there."""
+        if self.source in tensors:
+            return self.show(tensors[self.source], model, batch)
+        if isinstance(self.entry, NormStatistic) and self.stream in tensors:
+            norm = resolve_path(model, self.entry.norm.format(i=self.layer))
+            return self.entry.compute(norm, tensors[self.stream])
+        raise KeyError(self.cached_from)
 
 
 def lens_names(model) -> dict[str, Resolved]:
@@ -255,17 +290,22 @@ def lens_names(model) -> dict[str, Resolved]:
         layers = range(stream.n_layers) if "{i}" in template else (None,)
         for layer in layers:
             name = template.format(i=layer)
-            source = None
+            found, source, read = entry, None, None
             if not isinstance(entry, Missing):
-                source = entry.source(stream, layer) if callable(entry.source) else entry.source.format(i=layer)
+                source = _source(entry.source, stream, layer)
+                read = _source(entry.stream, stream, layer) if isinstance(entry, NormStatistic) else None
                 if source not in points:
-                    entry = Missing(f"it is our {source}, which {type(model).__name__} has not")
-                    source = None
-            resolved[name] = Resolved(name, entry, source, layer)
+                    found = Missing(f"it is our {source}, which {type(model).__name__} has not")
+                    source = read = None
+            resolved[name] = Resolved(name, found, source, layer, source is not None and points[source].opt_in, read)
     order = {name: i for i, name in enumerate(points)}
     # a stream between layers is read by two: layer l's resid_post before layer l + 1's resid_pre
     return dict(sorted(resolved.items(), key=lambda item: (order.get(item[1].source, len(order)),
                                                             len(order) if item[1].layer is None else item[1].layer)))
+
+
+def _source(source: Source, stream, layer: int | None) -> str:
+    return source(stream, layer) if callable(source) else source.format(i=layer)
 
 
 def resolve_path(root, path: str):

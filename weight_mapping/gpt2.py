@@ -6,7 +6,7 @@ Our LayerNorm modules are called `norm_*` (as in BERT); the checkpoint's `ln_*` 
 outputs, so a compared row reads the same on both sides.
 """
 
-from .table import WEIGHT, WEIGHT_BIAS, MappingTable, Row
+from .table import DECODER_TASK_HEADS, WEIGHT, WEIGHT_BIAS, MappingTable, Row
 
 GPT2 = MappingTable(
     family="gpt2",
@@ -37,16 +37,10 @@ GPT2 = MappingTable(
         # tie_word_embeddings false a matrix of its own
         Row("lm_head",                       "lm_head",                 WEIGHT, head=True),
         Row("lm_head",                       "logits",           compare=True, head=True),
-        # task heads (scratch_models/gpt2_heads.py), one class each; a class without a head's module skips its rows.
-        # Compared where transformers has a module of the same output: the sequence classifier's per-position
-        # scores, before it reads the last token; the QA head's two scores before they are split. (The token
-        # classifier's output, `logits`, is the LM head's hook name, and transformers' multiple-choice head returns
-        # [b, c, 1]: both are compared whole by tests/test_gpt2_heads.py.)
-        Row("score",                         "score",                   WEIGHT, head=True),
-        Row("score",                         "token_logits",     compare=True, head=True),
-        Row("classifier",                    "classifier",              WEIGHT_BIAS, head=True),
-        Row("qa_outputs",                    "qa_outputs",              WEIGHT_BIAS, head=True),
-        Row("qa_outputs",                    "span_logits",      compare=True, head=True),
+        # task heads, one class each; a class without a head's module skips its rows. The decoders' shared ones,
+        # then GPT2DoubleHeadsModel's multiple-choice head (transformers returns its output as [b, c, 1]: compared
+        # whole by tests/models/test_gpt2_heads.py, as the token classifier's `logits`)
+        *DECODER_TASK_HEADS,
         Row("multiple_choice_head.summary",  "multiple_choice_head.summary", WEIGHT_BIAS, head=True),
     ),
     base_prefix="transformer.",

@@ -6,7 +6,7 @@ compares. Rows with `{i}` repeat for every layer. As in GPT-2, our
 LayerNorm modules are `norm_*` and the hook points on their outputs `ln_1`, `ln_2`, `ln_f`.
 """
 
-from .table import WEIGHT, WEIGHT_BIAS, MappingTable, Row
+from .table import DECODER_TASK_HEADS, WEIGHT, WEIGHT_BIAS, MappingTable, Row
 
 GPT_NEOX = MappingTable(
     family="gpt_neox",
@@ -39,13 +39,9 @@ GPT_NEOX = MappingTable(
         # the compared row names its module
         Row("embed_out",                            "lm_head",                          WEIGHT, head=True),
         Row("lm_head",                              "logits",           compare=True, head=True),
-        # task heads (decoder_heads.py), as GPT-2's: the sequence classifier's per-position scores are compared
-        # before it reads the last token; the token classifier's output is `logits`, compared whole by the tests
-        Row("score",                                "score",                            WEIGHT, head=True),
-        Row("score",                                "token_logits",     compare=True, head=True),
-        Row("classifier",                           "classifier",                       WEIGHT_BIAS, head=True),
-        Row("qa_outputs",                           "qa_outputs",                       WEIGHT_BIAS, head=True),
-        Row("qa_outputs",                           "span_logits",      compare=True, head=True),
+        # task heads (decoder_heads.py), as GPT-2's; the token classifier's output is `logits`, compared whole by
+        # the tests
+        *DECODER_TASK_HEADS,
     ),
     base_prefix="gpt_neox.",
     layers_field="num_hidden_layers",

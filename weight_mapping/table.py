@@ -92,6 +92,18 @@ class MappingTable:
         return row.checkpoint if row.head or not prefixed else self.base_prefix + row.checkpoint
 
 
+# The task heads transformers gives GPT-2 and GPT-NeoX (scratch_models/decoder_heads.py), beside the base model:
+# compared where transformers has a module of the same output (the sequence classifier's scores at every position,
+# before it reads the last token; the QA head's two scores before they are split)
+DECODER_TASK_HEADS = (
+    Row("score",      "score",        WEIGHT, head=True),
+    Row("score",      "token_logits", compare=True, head=True),
+    Row("classifier", "classifier",   WEIGHT_BIAS, head=True),
+    Row("qa_outputs", "qa_outputs",   WEIGHT_BIAS, head=True),
+    Row("qa_outputs", "span_logits",  compare=True, head=True),
+)
+
+
 def _per_layer(row: Row) -> bool:
     return "{i}" in row.checkpoint
 

@@ -12,6 +12,9 @@ Per head, over a batch of prompts:
 
 A head's output is `layers.{i}.attn.context` [b, n, s, d]: zeroing head h there is exactly the model with head h's
 rows of the value weight and value bias zeroed (tested), since the attention weights of a query sum to 1 or 0.
+With grouped-query attention (fewer key/value heads than query heads) a head here is a query head, n of them: its
+context is its own weighted sum of the values its group shares, so zeroing it leaves the other heads of its group
+alone, whereas zeroing a key/value head's value rows would silence its whole group.
 A metric that gives a vector per prompt (the pooler output) is scored by the L2 norm of its change, and its
 gradient score is the norm of d output / d mask_h: the first-order size of that change.
 """

@@ -263,12 +263,11 @@ def hook_name(model, component: str, layer: int) -> str:
     stream = model.family.stream(model)
     if component == "resid_pre":
         return stream.resid_pre(layer)
-    if component == "resid_mid":
-        return stream.resid_mid(layer)
-    templates = {"attn_out": "layers.{i}.attn.proj", "mlp_out": "layers.{i}.mlp.proj", "z": "layers.{i}.attn.context"}
-    if component not in templates:
+    named = {"resid_mid": stream.resid_mid, "attn_out": stream.attn_out, "mlp_out": stream.mlp_out,
+             "z": "layers.{}.attn.context".format}
+    if component not in named:
         raise ValueError(f"unknown component {component!r}; choose from {', '.join(COMPONENTS)}")
-    return templates[component].format(i=layer)
+    return named[component](layer)
 
 
 def num_layers(model) -> int:

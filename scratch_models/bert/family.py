@@ -24,14 +24,14 @@ class BertStream(ResidualStream):
             if layer == self.n_layers:
                 raise ValueError("mlp_input=True needs a layer below the number of layers")
             parts = [(f"{layer}_pre", self.resid_pre(layer), "resid"),
-                     (f"{layer}_attn_out", f"layers.{layer}.attn.proj", "attn")]
+                     (f"{layer}_attn_out", self.attn_out(layer), "attn")]
             return parts, f"layers.{layer}.attn.resid", layers[layer].attn.norm
         if layer == 0:
             parts = [("embed", "embeddings.word", "embed"), ("token_type_embed", "embeddings.token_type", "embed"),
                      ("pos_embed", "embeddings.position", "embed")]
             return parts, "embeddings.sum", self.model.embeddings.norm
         l = layer - 1
-        parts = [(f"{l}_mid", self.resid_mid(l), "resid"), (f"{l}_mlp_out", f"layers.{l}.mlp.proj", "mlp")]
+        parts = [(f"{l}_mid", self.resid_mid(l), "resid"), (f"{l}_mlp_out", self.mlp_out(l), "mlp")]
         return parts, f"layers.{l}.mlp.resid", layers[l].mlp.norm
 
     def out_weight(self, layer):

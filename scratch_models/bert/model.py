@@ -17,6 +17,7 @@ from weight_mapping import BERT
 
 from ..parts.activations import get_activation
 from ..parts.attention import attend, padding_mask, project_heads, result_point
+from ..parts.norms import LayerNorm
 from ..hook_point import HookPoint
 from ..inputs import check_ids, check_mask
 from ..losses import cross_entropy
@@ -31,12 +32,12 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.word = HookPoint("b, s, h", "word embedding of each token")
         self.token_type = HookPoint("b, s, h", "segment (token type) embedding of each token")
         self.position = HookPoint("b, s, h", "or [1, s, h] position embedding of each token")
         self.sum = HookPoint("b, s, h", "word + token type + position, before LayerNorm")
+        self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # after `sum`: its points fire later
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.out = HookPoint("b, s, h", "the embeddings after LayerNorm: what layer 0 reads")
 
     def forward(self, input_ids, token_type_ids, position_ids):
@@ -69,7 +70,7 @@ class BertSelfAttention(nn.Module):
         self.proj = HookPoint("b, s, h", "the heads' merged output through the output projection")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.resid = HookPoint("b, s, h", "residual stream plus attention, before LayerNorm")
-        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(h, eps=config.layer_norm_eps)
         self.out = HookPoint("b, s, h", "the attention block's output, after LayerNorm: what the MLP reads")
 
     def split_heads(self, x):  # [b, s, h] -> [b, n, s, d]
@@ -101,7 +102,7 @@ class BertMLP(nn.Module):
         self.proj = HookPoint("b, s, h", "the MLP's output")
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.resid = HookPoint("b, s, h", "residual stream plus MLP, before LayerNorm")
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, x):
         hidden = self.post_act(self.act(self.pre_act(self.up(x))))
@@ -163,7 +164,7 @@ class BertMLMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = get_activation(config.hidden_act, "hidden_act")
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         # untied: transformers' cls.predictions.decoder, matrix and bias; `bias` is then unused (transformers keeps
         # it too, and its checkpoints hold it)

@@ -9,8 +9,7 @@ and its `hook_resid_post` our `layers.{i}.out` (and its `hook_attn_scores` repea
 reads BERT's stream: the `ln_final` hooks are refused, saying so.
 """
 
-from ..lens_names import (BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, Missing,
-                          heads_out, resid_pre)
+from ..lens_names import (BATCH, HEADS, SCORES, Alias, LensTable, Missing, heads_out, norm_statistics, resid_pre)
 
 NO_FINAL_NORM = ("BERT is post-LN: no final LayerNorm reads its residual stream, which each layer has already "
                  "normalised (the last layer's hook_normalized_resid_post is the last stream); the MLM head's own "
@@ -20,8 +19,7 @@ HOOKS = {
     "hook_embed": Alias("embeddings.word"),
     "hook_token_type_embed": Alias("embeddings.token_type"),
     "hook_pos_embed": Alias("embeddings.position", BATCH),
-    "embed_ln.hook_scale": LayerNormScale("embeddings.sum", "embeddings.norm"),
-    "embed_ln.hook_normalized": LayerNormNormalized("embeddings.sum", "embeddings.norm"),
+    **norm_statistics("embed_ln", "embeddings.norm", "embeddings.sum"),
     "embed_ln.hook_out": Alias("embeddings.out"),
     "blocks.{i}.hook_resid_pre": Alias(resid_pre),
     "blocks.{i}.attn.hook_q": Alias("layers.{i}.attn.q", HEADS),
@@ -33,16 +31,14 @@ HOOKS = {
     "blocks.{i}.attn.hook_result": Alias("layers.{i}.attn.result"),
     "blocks.{i}.hook_attn_out": Alias("layers.{i}.attn.proj"),
     "blocks.{i}.hook_resid_mid": Alias("layers.{i}.attn.resid"),
-    "blocks.{i}.ln1.hook_scale": LayerNormScale("layers.{i}.attn.resid", "layers.{i}.attn.norm"),
-    "blocks.{i}.ln1.hook_normalized": LayerNormNormalized("layers.{i}.attn.resid", "layers.{i}.attn.norm"),
+    **norm_statistics("blocks.{i}.ln1", "layers.{i}.attn.norm", "layers.{i}.attn.resid"),
     "blocks.{i}.ln1.hook_out": Alias("layers.{i}.attn.out"),
     "blocks.{i}.hook_mlp_in": Alias("layers.{i}.attn.out"),
     "blocks.{i}.mlp.hook_pre": Alias("layers.{i}.mlp.pre_act"),
     "blocks.{i}.mlp.hook_post": Alias("layers.{i}.mlp.post_act"),
     "blocks.{i}.hook_mlp_out": Alias("layers.{i}.mlp.proj"),
     "blocks.{i}.hook_resid_post": Alias("layers.{i}.mlp.resid"),
-    "blocks.{i}.ln2.hook_scale": LayerNormScale("layers.{i}.mlp.resid", "layers.{i}.mlp.norm"),
-    "blocks.{i}.ln2.hook_normalized": LayerNormNormalized("layers.{i}.mlp.resid", "layers.{i}.mlp.norm"),
+    **norm_statistics("blocks.{i}.ln2", "layers.{i}.mlp.norm", "layers.{i}.mlp.resid"),
     "blocks.{i}.ln2.hook_out": Alias("layers.{i}.out"),
     "blocks.{i}.hook_normalized_resid_post": Alias("layers.{i}.out"),
     "ln_final.hook_scale": Missing(NO_FINAL_NORM),

@@ -21,6 +21,7 @@ from weight_mapping import GPT2
 
 from ..parts.activations import get_activation
 from ..parts.attention import attend, project_heads, result_point
+from ..parts.norms import LayerNorm
 from ..decoder import CausalDecoder, CausalLM, Step
 from ..hook_point import HookPoint
 from .config import GPT2Config
@@ -62,6 +63,7 @@ class GPT2Attention(nn.Module):
         h = config.n_embd
         self.layer_idx = layer_idx  # which of the cache's layers is ours
         self.num_heads, self.head_dim = config.n_head, config.head_dim
+        self.num_kv_heads = self.num_heads  # every head has keys and values of its own
         self.c_attn = Conv1D(h, 3 * h)  # q, k and v side by side
         self.q = HookPoint("b, n, s, d", "queries, per head (this step's tokens only)")
         self.k = HookPoint("b, n, s, d", "keys, per head (this step's tokens only, not the cached ones)")
@@ -125,11 +127,11 @@ class GPT2Block(nn.Module):
 
     def __init__(self, config: GPT2Config, layer_idx: int):
         super().__init__()
-        self.norm_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.norm_1 = LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.ln_1 = HookPoint("b, s, h", "LayerNorm of the residual stream: the attention's input")
         self.attn = GPT2Attention(config, layer_idx)
         self.resid_mid = HookPoint("b, s, h", "residual stream plus attention")
-        self.norm_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.norm_2 = LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.ln_2 = HookPoint("b, s, h", "LayerNorm of the residual stream: the MLP's input")
         self.mlp = GPT2MLP(config)
         self.out = HookPoint("b, s, h", "residual stream plus MLP: the block's output")
@@ -150,7 +152,7 @@ class GPT2Model(CausalDecoder):
         self.config = config
         self.embeddings = GPT2Embeddings(config)
         self.layers = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
-        self.norm_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.norm_f = LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.ln_f = HookPoint("b, s, h", "final LayerNorm of the residual stream: the last hidden state")
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -1,39 +1,28 @@
 """GPT-2 in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens_names.py).
 
 TL's GPT-2 is this model: pre-LN, so every TL name has a tensor of ours. The LayerNorms' `hook_scale` and
-`hook_normalized` are computed from the stream each LayerNorm reads (no hook point of ours holds them), so they can
-be read but not edited. Weights are views of our parameters where TL's shape allows, laid out as TL lays them:
+`hook_normalized` are their opt-in `scale` and `normalized` hook points, real forwards and backwards. Weights are views of our parameters where TL's shape allows, laid out as TL lays them:
 W_Q [n, h, d] per block, [layers, n, h, d] on the model.
 """
 
-from ..lens_names import (BATCH, HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, final_stream,
-                          heads_out, no_unembedding_bias, resid_pre, unembedding)
+from ..lens_names import (BATCH, Alias, LensTable, attention_hooks, final_stream, heads_out, no_unembedding_bias,
+                          norm_statistics, resid_pre, unembedding)
 
 HOOKS = {
     "hook_embed": Alias("embeddings.word"),
     "hook_pos_embed": Alias("embeddings.position", BATCH),
     "blocks.{i}.hook_resid_pre": Alias(resid_pre),
-    "blocks.{i}.ln1.hook_scale": LayerNormScale(resid_pre, "layers.{i}.norm_1"),
-    "blocks.{i}.ln1.hook_normalized": LayerNormNormalized(resid_pre, "layers.{i}.norm_1"),
+    **norm_statistics("blocks.{i}.ln1", "layers.{i}.norm_1", resid_pre),
     "blocks.{i}.ln1.hook_out": Alias("layers.{i}.ln_1"),
-    "blocks.{i}.attn.hook_q": Alias("layers.{i}.attn.q", HEADS),
-    "blocks.{i}.attn.hook_k": Alias("layers.{i}.attn.k", HEADS),
-    "blocks.{i}.attn.hook_v": Alias("layers.{i}.attn.v", HEADS),
-    "blocks.{i}.attn.hook_attn_scores": Alias("layers.{i}.attn.scores", SCORES),
-    "blocks.{i}.attn.hook_pattern": Alias("layers.{i}.attn.probs"),
-    "blocks.{i}.attn.hook_z": Alias("layers.{i}.attn.context", HEADS),
-    "blocks.{i}.attn.hook_result": Alias("layers.{i}.attn.result"),
-    "blocks.{i}.hook_attn_out": Alias("layers.{i}.attn.proj"),
+    **attention_hooks(),
     "blocks.{i}.hook_resid_mid": Alias("layers.{i}.resid_mid"),
-    "blocks.{i}.ln2.hook_scale": LayerNormScale("layers.{i}.resid_mid", "layers.{i}.norm_2"),
-    "blocks.{i}.ln2.hook_normalized": LayerNormNormalized("layers.{i}.resid_mid", "layers.{i}.norm_2"),
+    **norm_statistics("blocks.{i}.ln2", "layers.{i}.norm_2", "layers.{i}.resid_mid"),
     "blocks.{i}.ln2.hook_out": Alias("layers.{i}.ln_2"),
     "blocks.{i}.mlp.hook_pre": Alias("layers.{i}.mlp.pre_act"),
     "blocks.{i}.mlp.hook_post": Alias("layers.{i}.mlp.post_act"),
     "blocks.{i}.hook_mlp_out": Alias("layers.{i}.mlp.proj"),
     "blocks.{i}.hook_resid_post": Alias("layers.{i}.out"),
-    "ln_final.hook_scale": LayerNormScale(final_stream, "norm_f"),
-    "ln_final.hook_normalized": LayerNormNormalized(final_stream, "norm_f"),
+    **norm_statistics("ln_final", "norm_f", final_stream),
     "ln_final.hook_out": Alias("ln_f"),
     "hook_unembed": Alias("logits"),
 }
@@ -96,5 +85,6 @@ def config(config) -> dict:
 
 TABLE = LensTable(HOOKS, WEIGHTS, config, summary="""GPT-2 is TransformerLens' own model: every name has its
 tensor. `hook_scale` and `hook_normalized` (TransformerBridge's meaning: the stream centred and divided by the
-scale, before the LayerNorm's weight) are computed from the stream the LayerNorm reads, so they can be read and
-watched, not edited.""")
+scale, before the LayerNorm's weight) are the LayerNorm's own opt-in points (`layers.{i}.norm_1.scale`, ...): they
+can be read, edited and differentiated; a cache that did not name them computes them from the stream the LayerNorm
+reads.""")

@@ -1,15 +1,16 @@
 """GPT-NeoX's config.json fields (the Pythia suite, gpt-neox-20b).
 
 The Pythia files name the rotary embedding's settings `rotary_pct` and `rotary_emb_base`; transformers 5 writes
-them as `rope_parameters` {"partial_rotary_factor", "rope_theta", "rope_type": "default"}. Both are read; they are
-kept, and saved, under the first names, which every transformers version reads.
+them as `rope_parameters` {"partial_rotary_factor", "rope_theta", "rope_type", ...}. Both are read
+(parts/rotary.py); they are kept, and saved, under the first names and `rope_scaling`, which every transformers
+version reads.
 """
 
 import dataclasses
-import reprlib
 
 from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
                       require_probability)
+from ..parts.rotary import rope_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,7 @@ class GPTNeoXConfig(ModelConfig):
     # the rotary embedding turns the first rotary_pct of each head's dimensions, by angles position * base^(-2j/n)
     rotary_pct: float = 0.25
     rotary_emb_base: float = 10000.0
+    rope_scaling: dict | None = None  # None: the default; else linear, dynamic or llama3 (parts/rotary.py)
     layer_norm_eps: float = 1e-5
     # attention and MLP both read the layer's input, and both outputs are added to it (every Pythia model); false:
     # the MLP reads the stream after attention, as in GPT-2
@@ -47,24 +49,13 @@ class GPTNeoXConfig(ModelConfig):
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> "GPTNeoXConfig":
         """As ModelConfig.from_dict, with transformers 5's `rope_parameters` read into rotary_pct and
-        rotary_emb_base (they win over those fields, as in transformers)."""
-        rope = raw.get("rope_parameters") if isinstance(raw, dict) else None
-        if rope is not None:
-            if not isinstance(rope, dict):
-                raise ConfigError(f"{source}: field 'rope_parameters' should be an object, got {reprlib.repr(rope)}")
-            if rope.get("rope_type", "default") != "default":
-                raise ConfigError(f"{source}: rope_parameters.rope_type={reprlib.repr(rope['rope_type'])} is not "
-                                  "supported: only the default rotary embedding is implemented (no scaling)")
-            renamed = {"partial_rotary_factor": "rotary_pct", "rope_theta": "rotary_emb_base"}
-            raw = raw | {ours: rope[theirs] for theirs, ours in renamed.items() if theirs in rope}
-        return super().from_dict(raw, source)
+        rotary_emb_base (they win over those fields, as in transformers) and the rotary scaling into rope_scaling
+        (parts/rotary.py)."""
+        return super().from_dict(rope_fields(raw, source, theta="rotary_emb_base", partial="rotary_pct"), source)
 
     @classmethod
     def fixed_settings(cls) -> dict:
-        return {
-            "rope_scaling": (None, "scaled rotary embeddings (linear, dynamic NTK) are not implemented"),
-            "is_decoder": (False, "GPT-NeoX as the decoder of an encoder is not implemented"),
-        }
+        return {"is_decoder": (False, "GPT-NeoX as the decoder of an encoder is not implemented")}
 
     def validate(self, source: str) -> None:
         require_positive(self, source, "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

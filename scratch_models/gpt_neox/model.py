@@ -13,37 +13,17 @@ dimensions of a head, m MLP width, V vocabulary. The stack's forward pass (KV ca
 head's are decoder.py's, shared with GPT-2; so are the task heads (task_heads.py).
 """
 
-import torch
 from torch import nn
 
 from weight_mapping.gpt_neox import GPT_NEOX
 
 from ..parts.activations import get_activation
 from ..parts.attention import attend, project_heads, result_point
+from ..parts.norms import LayerNorm
+from ..parts.rotary import RotaryEmbedding, rotate
 from ..decoder import CausalDecoder, CausalLM, Step
 from ..hook_point import HookPoint
 from .config import GPTNeoXConfig
-
-
-def rotary_angles(position_ids: torch.Tensor, rotary_dim: int, base: float,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """position_ids [b or 1, s] -> (cos, sin) [b or 1, s, r]: pair j of the rotated dimensions turns by the angle
-    position * base^(-2j/r). Computed in float32 and cast, as transformers computes them, so they round the same;
-    the frequencies on the CPU, as transformers makes them (a GPU's pow may round them otherwise)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-    angles = position_ids[..., None].float() * inv_freq.to(position_ids.device)  # [b, s, r / 2]
-    angles = torch.cat((angles, angles), dim=-1)  # dimension j and j + r/2 form a pair, turned by the same angle
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, n, s, d] with its first r dimensions turned by the angles (cos, sin [b, s, r]); the others pass."""
-    r = cos.shape[-1]
-    turned, passed = x[..., :r], x[..., r:]
-    first, second = turned[..., : r // 2], turned[..., r // 2:]
-    half_turned = torch.cat((-second, first), dim=-1)  # each pair (a, b) -> (-b, a): a quarter turn
-    cos, sin = cos[:, None], sin[:, None]  # broadcast over the heads
-    return torch.cat(((turned * cos) + (half_turned * sin), passed), dim=-1)
 
 
 class GPTNeoXEmbeddings(nn.Module):
@@ -67,6 +47,7 @@ class GPTNeoXAttention(nn.Module):
         h = config.hidden_size
         self.layer_idx = layer_idx  # which of the cache's layers is ours
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.num_kv_heads = self.num_heads  # every head has keys and values of its own
         self.query_key_value = nn.Linear(h, 3 * h, bias=config.attention_bias)  # per head: q, k, v side by side
         self.q_unrotated = HookPoint("b, n, s, d", "queries, per head, before the rotary embedding")
         self.k_unrotated = HookPoint("b, n, s, d", "keys, per head, before the rotary embedding (this step's tokens)")
@@ -130,13 +111,13 @@ class GPTNeoXLayer(nn.Module):
     def __init__(self, config: GPTNeoXConfig, layer_idx: int):
         super().__init__()
         self.parallel = config.use_parallel_residual
-        self.norm_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm_1 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ln_1 = HookPoint("b, s, h", "LayerNorm of the residual stream (input_layernorm): the attention's input")
         self.attn = GPTNeoXAttention(config, layer_idx)
         self.attn_dropout = nn.Dropout(config.hidden_dropout)
         if not self.parallel:
             self.resid_mid = HookPoint("b, s, h", "residual stream plus attention (sequential residual only)")
-        self.norm_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm_2 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ln_2 = HookPoint("b, s, h", "LayerNorm (post_attention_layernorm) of the stream the MLP reads: the "
                               "layer's input with the parallel residual, resid_mid without")
         self.mlp = GPTNeoXMLP(config)
@@ -164,12 +145,14 @@ class GPTNeoXModel(CausalDecoder):
         self.config = config
         self.embeddings = GPTNeoXEmbeddings(config)
         self.layers = nn.ModuleList(GPTNeoXLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm_f = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ln_f = HookPoint("b, s, h", "final LayerNorm of the residual stream: the last hidden state")
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rotary_emb_base, config.max_position_embeddings,
+                                      config.rope_scaling)
 
     def positional(self, x, position_ids):
         """The rotary angles every layer turns q and k by, computed once per forward pass."""
-        return rotary_angles(position_ids, self.config.rotary_dim, self.config.rotary_emb_base, x.dtype)
+        return self.rotary(position_ids, x.dtype)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.embed_in

@@ -10,11 +10,11 @@ views of the fused query_key_value, whose rows hold each head's q, k and v side 
 
 import torch
 
-from ..lens_names import (HEADS, SCORES, Alias, LayerNormNormalized, LayerNormScale, LensTable, Missing, final_stream,
-                          heads_out, no_unembedding_bias, resid_pre, unembedding)
+from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out,
+                          no_unembedding_bias, norm_statistics, resid_pre, unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (GPTNeoXModel.positional) and held at no hook "
-             "point: scratch_models.gpt_neox.model.rotary_angles(position_ids, rotary_dim, base, dtype) gives them")
+             "point: model.rotary(position_ids, dtype) gives them (scratch_models.parts.rotary.RotaryEmbedding)")
 
 
 def mlp_input(stream, layer: int) -> str:
@@ -25,31 +25,21 @@ def mlp_input(stream, layer: int) -> str:
 HOOKS = {
     "hook_embed": Alias("embeddings.word"),
     "blocks.{i}.hook_resid_pre": Alias(resid_pre),
-    "blocks.{i}.ln1.hook_scale": LayerNormScale(resid_pre, "layers.{i}.norm_1"),
-    "blocks.{i}.ln1.hook_normalized": LayerNormNormalized(resid_pre, "layers.{i}.norm_1"),
+    **norm_statistics("blocks.{i}.ln1", "layers.{i}.norm_1", resid_pre),
     "blocks.{i}.ln1.hook_out": Alias("layers.{i}.ln_1"),
-    "blocks.{i}.attn.hook_q": Alias("layers.{i}.attn.q_unrotated", HEADS),
-    "blocks.{i}.attn.hook_k": Alias("layers.{i}.attn.k_unrotated", HEADS),
+    **attention_hooks(q="q_unrotated", k="k_unrotated"),
     "blocks.{i}.attn.hook_rot_q": Alias("layers.{i}.attn.q", HEADS),
     "blocks.{i}.attn.hook_rot_k": Alias("layers.{i}.attn.k", HEADS),
     "blocks.{i}.attn.hook_cos": Missing(NO_ANGLES),  # TransformerBridge's
     "blocks.{i}.attn.hook_sin": Missing(NO_ANGLES),
-    "blocks.{i}.attn.hook_v": Alias("layers.{i}.attn.v", HEADS),
-    "blocks.{i}.attn.hook_attn_scores": Alias("layers.{i}.attn.scores", SCORES),
-    "blocks.{i}.attn.hook_pattern": Alias("layers.{i}.attn.probs"),
-    "blocks.{i}.attn.hook_z": Alias("layers.{i}.attn.context", HEADS),
-    "blocks.{i}.attn.hook_result": Alias("layers.{i}.attn.result"),
-    "blocks.{i}.hook_attn_out": Alias("layers.{i}.attn.proj"),
     "blocks.{i}.hook_resid_mid": Alias("layers.{i}.resid_mid"),  # a sequential model's only
-    "blocks.{i}.ln2.hook_scale": LayerNormScale(mlp_input, "layers.{i}.norm_2"),
-    "blocks.{i}.ln2.hook_normalized": LayerNormNormalized(mlp_input, "layers.{i}.norm_2"),
+    **norm_statistics("blocks.{i}.ln2", "layers.{i}.norm_2", mlp_input),
     "blocks.{i}.ln2.hook_out": Alias("layers.{i}.ln_2"),
     "blocks.{i}.mlp.hook_pre": Alias("layers.{i}.mlp.pre_act"),
     "blocks.{i}.mlp.hook_post": Alias("layers.{i}.mlp.post_act"),
     "blocks.{i}.hook_mlp_out": Alias("layers.{i}.mlp.proj"),
     "blocks.{i}.hook_resid_post": Alias("layers.{i}.out"),
-    "ln_final.hook_scale": LayerNormScale(final_stream, "norm_f"),
-    "ln_final.hook_normalized": LayerNormNormalized(final_stream, "norm_f"),
+    **norm_statistics("ln_final", "norm_f", final_stream),
     "ln_final.hook_out": Alias("ln_f"),
     "hook_unembed": Alias("logits"),
 }

@@ -98,7 +98,8 @@ def lens_markdown(family, model) -> str:
         else:
             sources = [_template(r.source, r.layer) for r in at if r.source]
             ours = ", then ".join(f"`{source}`" for source in dict.fromkeys(sources)) or "(not in every class)"
-            how = entry.layout.note if isinstance(entry, Alias) else f"{entry.note} (`{entry.norm}`)"
+            how = entry.layout.note if isinstance(entry, Alias) else (
+                "the norm's opt-in point; a cache that did not name it computes it from the stream the norm reads")
         lines.append(f"| `{template}` | {ours} | {_cell(how) or 'the same tensor'} |")
     weights = ", ".join(f"`{name}`" for name in table.weights)
     fields = ", ".join(f"`{name}`" for name in table.config(family.tiny()))

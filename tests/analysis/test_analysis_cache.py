@@ -12,6 +12,7 @@ import transformers
 from helpers import ATOL, LOGITS_ATOL, assert_parity, randomize_
 from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
 from scratch_models.analysis import ActivationCache
+from scratch_models.parts.norms import Norm
 from weight_mapping import embedded_checkpoint
 
 GPT2_SMALL = dict(vocab_size=97, n_positions=32, n_embd=48, n_layer=2, n_head=3, layer_norm_epsilon=1e-4)
@@ -155,9 +156,15 @@ def test_gradients_flow_through_the_result_hook_point(case):
 
 
 def test_result_is_opt_in_and_documented(case):
+    """The opt-in points: each attention's per-head result and each norm's scale and normalized stream (TL's
+    hook_scale and hook_normalized), all computed only for a listener."""
     _, _, model, _ = case
     points = model.hook_points()
-    assert [name for name, point in points.items() if point.opt_in] == result_names(model)
+    name_of = {id(point): name for name, point in points.items()}
+    norms = [name_of[id(point)] for module in model.modules() if isinstance(module, Norm)
+             for point in (module.scale, module.normalized)]
+    opt_in = [name for name, point in points.items() if point.opt_in]
+    assert sorted(opt_in) == sorted(result_names(model) + norms) and len(norms) >= 2 * len(model.layers)
     names = model.hook_names()
     assert names.index("layers.0.attn.context") < names.index("layers.0.attn.result") < names.index(
         "layers.0.attn.proj")

@@ -6,6 +6,8 @@ A family registered in scratch_models.families is tested here with no edit; what
 post-LN; GPT-NeoX's parallel residual has no stream between attention and MLP) is read from its ResidualStream.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,18 +73,24 @@ def test_accumulated_resid_is_transformers_hidden_states(loaded, family):
 
 
 @each_family
-def test_every_decomposition_sums_to_its_stream(loaded, family):
-    """decompose_resid(layer, mlp_input) sums to the stream its LayerNorm reads, for every layer and both inputs
-    the family has; resid_mid is refused, naming why, where no stream runs between attention and MLP."""
+def test_every_decomposition_sums_to_its_stream_and_folds_into_its_norm(loaded, family):
+    """decompose_resid(layer, mlp_input) sums to the stream its norm reads, for every layer and both inputs the
+    family has; with apply_ln, the parts plus the norm's bias sum to that norm of the stream, whatever the norm
+    (the norm is asked how it normalises: a LayerNorm centres, an RMSNorm does not, Gemma's gain is 1 + weight).
+    resid_mid is refused, naming why, where no stream runs between attention and MLP."""
     _, model = loaded[family]
     stream = stream_of(model)
     with torch.no_grad():
         _, cache = model.run_with_cache(**padded_batch(family))
-    for layer in range(stream.n_layers + 1):
-        for mlp_input in (False, True) if layer < stream.n_layers else (False,):
-            parts, total, _ = stream.decomposition(layer, mlp_input)
-            summed = cache.decompose_resid(layer, mlp_input=mlp_input).sum(0)
-            assert_parity(summed, cache[total], f"{family} layer {layer}, mlp_input={mlp_input}: parts {parts}")
+        for layer in range(stream.n_layers + 1):
+            for mlp_input in (False, True) if layer < stream.n_layers else (False,):
+                parts, total, norm = stream.decomposition(layer, mlp_input)
+                where = f"{family} layer {layer}, mlp_input={mlp_input}"
+                summed = cache.decompose_resid(layer, mlp_input=mlp_input).sum(0)
+                assert_parity(summed, cache[total], f"{where}: parts {parts}")
+                folded = cache.decompose_resid(layer, mlp_input=mlp_input, apply_ln=True).sum(0)
+                bias = 0.0 if norm.bias is None else norm.bias
+                assert_parity(folded + bias, norm(cache[total]), f"{where}: the folded {type(norm).__name__}")
     if stream.has_mid:
         assert stream.resid_mid(0) in cache
         assert cache.accumulated_resid(1, incl_mid=True, return_labels=True)[1] == ["0_pre", "0_mid", "1_pre"]
@@ -122,8 +130,40 @@ def test_direct_logit_attribution_sums_to_the_logit_or_is_refused(loaded, family
         return
     parts = cache.decompose_resid(pos_slice=-1)  # before any LayerNorm: logit_attrs freezes ln_f at the stream
     attrs = cache.logit_attrs(parts, tokens=3, pos_slice=-1)
-    bias = model.norm_f.bias @ stream.unembedding()[3]
-    assert_parity(attrs.sum(0) + bias, out.logits[:, -1, 3], f"{family} logit attribution", atol=LOGITS_ATOL)
+    assert_parity(attrs.sum(0) + final_bias(model, 3), out.logits[:, -1, 3], f"{family} logit attribution",
+                  atol=LOGITS_ATOL)
+
+
+def final_bias(model, token: int):
+    """What the final norm's bias adds to `token`'s logit (no part of the stream writes it); 0 for an RMSNorm."""
+    stream = stream_of(model)
+    bias = stream.decomposition(stream.n_layers, False)[2].bias
+    return 0.0 if bias is None else bias @ stream.unembedding()[token]
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@each_family
+def test_readmes_direct_attribution_line_states_an_identity_that_holds(loaded, family):
+    """README's line `cache.logit_attrs(cache.decompose_resid(), mary.expand(2))`, run as written on a batch of two:
+    the attributions of the parts sum to the logit less the final norm's bias term, at every position (one meaning:
+    logit_attrs applies the final norm itself, so the parts it takes are before any norm)."""
+    line = next(line.split("#")[0].strip() for line in README.read_text(encoding="utf-8").splitlines()
+                if line.startswith("cache.logit_attrs("))
+    _, model = loaded[family]
+    inputs = {name: tensor[:2] for name, tensor in padded_batch(family).items()}
+    with torch.no_grad():
+        out, cache = model.run_with_cache(**inputs)
+    mary = torch.tensor(3)
+    if stream_of(model).post_ln:
+        with pytest.raises(ValueError, match="not linear"):
+            eval(line, {"cache": cache, "mary": mary})
+        return
+    attrs = eval(line, {"cache": cache, "mary": mary})
+    seen = sighted(family, inputs["attention_mask"])
+    assert_parity((attrs.sum(0) + final_bias(model, 3))[seen], out.logits[..., 3][seen],
+                  f"{family}: README's line, summed", atol=LOGITS_ATOL)
 
 
 @each_family

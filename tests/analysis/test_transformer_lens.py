@@ -99,10 +99,11 @@ def test_the_cache_answers_transformer_lens_names_with_tl_tensors(family, paddin
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_norm_hooks_are_tl_s_and_read_only(family, dtype):
+def test_norm_hooks_are_tl_s_and_real_points(family, dtype):
     """TransformerBridge's hook_scale sqrt(var + eps) and hook_normalized (the centred stream over it, before the
-    weight): through the weight and bias they give our LayerNorm's output. They are computed, not held by a hook
-    point: watched with a hook, they refuse an edit."""
+    weight): through the weight and bias they give our LayerNorm's output. They are the norm's own opt-in hook
+    points: read from a cache that did not name them (computed from the stream the norm reads), read and edited by
+    a hook (an edit reaches the output), and differentiated (head-path attribution needs d metric / d scale)."""
     model = small(family).to(dtype)
     with torch.no_grad():
         _, cache = model.run_with_cache(**inputs("right"))
@@ -113,21 +114,27 @@ def test_layer_norm_hooks_are_tl_s_and_read_only(family, dtype):
         norms = [("blocks.1.ln1", "layers.1.attn.out", model.layers[1].attn.norm),
                  ("blocks.0.ln2", "layers.0.out", model.layers[0].mlp.norm),
                  ("embed_ln", "embeddings.out", model.embeddings.norm)]
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for lens, ours, norm in norms:
         scale, normalized = cache[f"{lens}.hook_scale"], cache[f"{lens}.hook_normalized"]
         assert scale.shape == (2, SEQ, 1) and scale.dtype == torch.float32  # in float32 at least, as TL's
         rebuilt = (normalized.float() * norm.weight.float() + norm.bias.float()).to(dtype)
-        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
         assert torch.allclose(rebuilt, cache[ours], atol=tolerance, rtol=tolerance), lens
     seen = []
+    lens, ours, norm = norms[1]
     with torch.no_grad():
-        model.run_with_hooks(**inputs("right"), fwd_hooks=[("blocks.0.ln2.hook_scale",
-                                                            lambda t, hook: seen.append(t))])
+        model.run_with_hooks(**inputs("right"), fwd_hooks=[(f"{lens}.hook_scale", lambda t, hook: seen.append(t))])
+        _, doubled = model.run_with_cache(**inputs("right"), names=[ours], fwd_hooks=[
+            (f"{lens}.hook_scale", lambda t, hook: t * 2)])
     # (the cache took the explicit attention path, to keep the probabilities; this run the fused one)
-    assert torch.allclose(seen[0], cache["blocks.0.ln2.hook_scale"], atol=tolerance, rtol=tolerance)
-    for edit in (lambda t, hook: t * 2, lambda t, hook: t.mul_(2)):
-        with pytest.raises(ValueError, match="blocks.0.ln2.hook_scale is computed from our .* cannot be edited"):
-            model.run_with_hooks(**inputs(), fwd_hooks=[("blocks.0.ln2.hook_scale", edit)])
+    assert torch.allclose(seen[0], cache[f"{lens}.hook_scale"], atol=tolerance, rtol=tolerance)
+    halved = ((cache[ours].float() - norm.bias.float()) / 2 + norm.bias.float()).to(dtype)
+    assert torch.allclose(doubled[ours], halved, atol=tolerance, rtol=tolerance)
+    names = [f"{lens}.hook_scale", f"{lens}.hook_normalized"]
+    _, grads = model.run_with_cache(**inputs("right"), names=names, incl_bwd=True,
+                                    metric=lambda out: out.logits[:, -1, 3].sum())
+    assert grads[f"{lens}.hook_scale_grad"].shape == (2, SEQ, 1)
+    assert float(grads[f"{lens}.hook_normalized_grad"].abs().sum()) > 0
 
 
 def test_bert_has_no_final_layer_norm_to_name_and_says_why():
@@ -254,8 +261,10 @@ def test_bwd_hooks_see_the_gradient_in_tl_s_layout_and_may_replace_it(family):
     out.logits.sum().backward()
     assert all(float(p.grad.abs().max()) == 0 for p in model.layers[0].attn.parameters())  # all upstream of it
     assert all(float(p.grad.abs().max()) > 0 for p in model.layers[1].attn.parameters())
-    with pytest.raises(ValueError, match="no gradient to hook"):
-        model.run_with_hooks(**inputs(), bwd_hooks=[("blocks.0.ln1.hook_scale", keep)])
+    model.zero_grad()
+    out = model.run_with_hooks(**inputs("right"), bwd_hooks=[("blocks.1.ln1.hook_scale", keep)])
+    out.logits.sum().backward()  # a norm's scale is a real point: its gradient reaches a backward hook
+    assert grads["blocks.1.ln1.hook_scale"].shape == (2, SEQ, 1)
 
 
 def test_hooks_added_to_the_model_last_until_reset_as_tl_s_do():

@@ -166,7 +166,8 @@ def test_hook_points_in_forward_order_and_edits_match_transformers(small):
         model.run_with_hooks(**inputs, hooks=[(name, lambda t, name: fired.append(name))
                                               for name in model.hook_names()])
     assert fired == model.hook_names()
-    assert fired[:4] == ["embeddings.word", "embeddings.position", "embeddings.out", "layers.0.ln_1"]
+    assert fired[:6] == ["embeddings.word", "embeddings.position", "embeddings.out", "layers.0.norm_1.scale",
+                         "layers.0.norm_1.normalized", "layers.0.ln_1"]
     assert fired[-2:] == ["ln_f", "logits"]
 
     # knock out block 1's attention on both sides: the edit must mean the same thing

@@ -17,7 +17,6 @@ from helpers import (ATOL, LOGITS_ATOL, RTOL, assert_parity, check_causal_lm, ea
                      randomize_, save, write_weights)
 from scratch_models import (ConfigError, GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXForQuestionAnswering,
                             GPTNeoXForSequenceClassification, GPTNeoXForTokenClassification, GPTNeoXModel)
-from scratch_models.gpt_neox.model import rotary_angles, rotate
 from scratch_models_cli.verify import TOLERANCES, verify
 from weight_mapping import CheckpointError
 
@@ -186,33 +185,18 @@ def test_hub_pythia_70m():
 # ------------------------------------------------------------------------------------------- rotary embedding
 
 
-def test_rotation_turns_pairs_and_keeps_lengths_and_relative_angles():
-    """The rotary embedding turns dimension j with j + r/2 (the second half is the pair's other coordinate): the
-    pair's length is kept, the unrotated dimensions pass untouched, and a query-key product depends on the two
-    positions' difference only."""
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 3, 1, 16, generator=g, dtype=torch.float64).unbind(0)
-    positions = torch.arange(9)[None]
-    cos, sin = rotary_angles(positions, 8, 10000.0, torch.float64)
-    turned_q, turned_k = rotate(q.expand(1, 3, 9, 16), cos, sin), rotate(k.expand(1, 3, 9, 16), cos, sin)
-    assert torch.equal(turned_q[..., 8:], q.expand(1, 3, 9, 16)[..., 8:])
-    pair = turned_q[..., :4].pow(2) + turned_q[..., 4:8].pow(2)
-    assert torch.allclose(pair, (q[..., :4].pow(2) + q[..., 4:8].pow(2)).expand_as(pair))
-    scores = turned_q @ turned_k.transpose(-1, -2)  # [1, 3, 9, 9]
-    for shift in (1, 3):
-        assert torch.allclose(scores[..., shift:, shift:], scores[..., :-shift, :-shift])
-
-
-def test_rotary_angles_are_transformers_bitwise():
-    """The angles as transformers' GPTNeoXRotaryEmbedding computes them, in float32, float16 and bfloat16."""
-    config = transformers.GPTNeoXConfig(**SMALL)
-    theirs = transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding(config)
-    positions = torch.tensor([[0, 1, 2, 39], [5, 0, 17, 30]])
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        x = torch.zeros(1, dtype=dtype)
-        their_cos, their_sin = theirs(x, positions)
-        cos, sin = rotary_angles(positions, 8, 10000.0, dtype)
-        assert torch.equal(cos, their_cos) and torch.equal(sin, their_sin), dtype
+@pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 2.0}, {"rope_type": "llama3", "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 8}], ids=lambda s: s["rope_type"])
+def test_scaled_rotary_embeddings_match_transformers(tmp_path, scaling):
+    """The rotary scalings live in the shared floor (parts/rotary.py, tested there against every initialiser), so
+    GPT-NeoX reads them as transformers' GPTNeoX does: written by transformers 5 as rope_parameters, loaded, the
+    same numbers on every compared row."""
+    reference = hf(rope_scaling=dict(scaling))
+    save(reference, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["rope_parameters"]["rope_type"] == scaling["rope_type"]
+    check_causal_lm("gpt_neox", reference, tmp_path, padded_inputs(SMALL["vocab_size"]))
+    assert GPTNeoXForCausalLM.from_pretrained(tmp_path).config.rope_scaling == scaling
 
 
 def test_casting_with_to_keeps_the_rotary_angles_in_float32(tmp_path):
@@ -354,8 +338,9 @@ def test_config_reads_pythia_and_transformers_5_names_alike():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear' is not supported"),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling=.* is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn' is not supported"),
+    ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope type 'longrope' is not supported"),
+    ({"rope_scaling": {"type": "dynamic"}}, "rope scaling 'dynamic' needs 'factor'"),
     ({"rotary_pct": 1.5}, "rotary_pct is 1.5"),
     ({"rotary_pct": 0.3}, r"int\(head size 64 x rotary_pct 0.3\) = 19 is odd"),
     ({"rope_parameters": [0.25]}, "'rope_parameters' should be an object"),
