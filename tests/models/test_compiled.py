@@ -217,15 +217,16 @@ def test_frozen_weights_edited_in_place_are_refused_and_unfrozen_ones_are_follow
             model.layers[1].mlp.down.weight.data.mul_(2.0)
             edited = model(**inputs).logits
             assert not torch.allclose(edited, before, atol=1e-2)
-            assert torch.equal(fast(**inputs).logits, before) if freeze else torch.allclose(
-                fast(**inputs).logits, edited, atol=COMPILED_ATOL, rtol=COMPILED_RTOL)
+            if freeze:
+                assert torch.equal(fast(**inputs).logits, before)
+            else:  # the doubled weights make larger logits, so the bound scales with them (2.2e-5 seen)
+                assert_scaled_parity(fast(**inputs).logits, edited, "after a .data edit")
             model.layers[1].mlp.down.weight.mul_(0.5)
             if freeze:
                 with pytest.raises(RuntimeError, match=r"layers\.1\.mlp\.down\.weight was modified in place"):
                     fast(**inputs)
             else:
-                assert_parity(fast(**inputs).logits, model(**inputs).logits, "after an edit", atol=COMPILED_ATOL,
-                              rtol=COMPILED_RTOL)
+                assert_scaled_parity(fast(**inputs).logits, model(**inputs).logits, "after an edit")
 
 
 @pytest.mark.parametrize("family", CAUSAL)
