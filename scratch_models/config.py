@@ -87,23 +87,27 @@ class ModelConfig:
 
 
 def _checked(value, field: dataclasses.Field, source: str):
-    """`value` as the field's type (int, float, str, bool, or one of them `| None`), or a ConfigError naming it."""
-    kind, optional = field.type, isinstance(field.type, types.UnionType)
-    if optional:  # `int | None`: the field may be null in JSON
-        if value is None:
-            return None
-        (kind,) = (k for k in kind.__args__ if k is not type(None))
-    ok = (
-        (kind is int and isinstance(value, int) and not isinstance(value, bool))
-        or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-        or (kind is str and isinstance(value, str))
-        or (kind is bool and isinstance(value, bool))
-        or (kind is dict and isinstance(value, dict))
-    )
-    if not ok:
-        expected = f"{kind.__name__} or null" if optional else kind.__name__
-        raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {reprlib.repr(value)}")
-    return float(value) if kind is float else value
+    """`value` as the field's type (int, float, str, bool, dict, list, or a union of them, `| None` where the field
+    may be null in JSON), or a ConfigError naming it. A list field (Llama 3's several end tokens, Qwen 2's
+    layer_types) holds a JSON list; what its items must be, the config's validate checks."""
+    kinds = field.type.__args__ if isinstance(field.type, types.UnionType) else (field.type,)
+    nullable = type(None) in kinds
+    if value is None and nullable:
+        return None
+    kinds = [kind for kind in kinds if kind is not type(None)]
+    for kind in kinds:
+        if _is(value, kind):
+            return float(value) if kind is float else value
+    expected = " or ".join([kind.__name__ for kind in kinds] + (["null"] if nullable else []))
+    raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {reprlib.repr(value)}")
+
+
+def _is(value, kind: type) -> bool:
+    if kind in (int, float) and isinstance(value, bool):  # JSON's true is no number
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return kind in (int, str, bool, dict, list) and isinstance(value, kind)
 
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")

@@ -1,11 +1,12 @@
-"""The task heads a decoder-only family has in transformers (GPT-2, GPT-NeoX), each a few lines over its base model's
-last hidden state (after the final LayerNorm). Mixed in before the family's base model:
+"""The task heads a decoder-only family has in transformers (GPT-2, GPT-NeoX, the Llama-like families), each a few
+lines over its base model's last hidden state (after the final norm). Mixed in before the family's base model:
 
     class GPT2ForSequenceClassification(SequenceClassification, GPT2Model): ...
 
-    SequenceClassification   score: h -> L at every position, read at each row's last token
-    TokenClassification      classifier: h -> L at every position
-    QuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
+    SequenceClassification       score: h -> L at every position, read at each row's last token
+    TokenClassification          classifier: h -> L at every position
+    GenericTokenClassification   the same as transformers 5's generic head has it (Llama, Mistral, Qwen): `score`
+    QuestionAnswering            qa_outputs: h -> 2 at every position, where the answer starts and ends
 
 Their tensors sit beside the base model's under the family's base prefix, as transformers saves them. A head the
 checkpoint lacks is an error naming its tensors, never a random init. The losses are transformers' (losses.py).
@@ -81,12 +82,19 @@ class TokenClassification:
 
     checkpoint_prefixed = True
     classify_as = "tokens"
+    classifier_name = "classifier"  # the classifier's module, as transformers names it
 
     def __init__(self, config):
         super().__init__(config)
         self.dropout = nn.Dropout(config.token_classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.add_module(self.classifier_name, nn.Linear(config.hidden_size, config.num_labels,
+                                                        bias=self.classifier_bias(config)))
         self.logits = HookPoint("b, s, L", "class scores of every token")
+
+    @staticmethod
+    def classifier_bias(config) -> bool:
+        """Whether the classifier adds a bias (GPT-2's and GPT-NeoX's always do)."""
+        return True
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
                 output_attentions: bool = False, labels=None) -> TokenClassifierOutput:
@@ -95,10 +103,23 @@ class TokenClassification:
         loss is their cross-entropy, whatever config.problem_type says (as in transformers)."""
         out = super().forward(input_ids, attention_mask, position_ids, output_hidden_states=output_hidden_states,
                               output_attentions=output_attentions)
-        logits = self.logits(self.classifier(self.dropout(out.last_hidden_state)))
+        classifier = getattr(self, self.classifier_name)
+        logits = self.logits(classifier(self.dropout(out.last_hidden_state)))
         loss = cross_entropy(logits, labels) if labels is not None else None
         return TokenClassifierOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
                                      attentions=out.attentions)
+
+
+class GenericTokenClassification(TokenClassification):
+    """transformers 5's GenericForTokenClassification, which the Llama-like families' ForTokenClassification are: the
+    classifier is `score` (as the sequence classifier's is), with a bias unless config.json's
+    token_classification_bias is false; its dropout is config.token_classifier_dropout, as for the others."""
+
+    classifier_name = "score"
+
+    @staticmethod
+    def classifier_bias(config) -> bool:
+        return config.token_classification_bias
 
 
 class QuestionAnswering:

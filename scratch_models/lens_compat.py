@@ -12,9 +12,9 @@
 - `cfg`: TL's config field names (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab, n_ctx, act_fn, ...).
 - Weights in TL's shapes, views of our parameters where TL's layout allows: W_E [V, h], W_pos [n_ctx, h],
   W_U [h, V], b_U, and per layer stacked W_Q / W_K / W_V [l, n, h, d], W_O [l, n, d, h], b_Q / b_K / b_V [l, n, d],
-  b_O [l, h], W_in [l, h, m], W_out [l, m, h], b_in, b_out; per block `model.blocks[l].attn.W_Q` [n, h, d], ...,
-  `model.blocks[l].ln1.w`, `model.embed.W_E`, `model.unembed.W_U`, `model.ln_final.w`; TL hook names on the same
-  paths are hooks (`model.blocks[3].attn.hook_z.add_hook(fn)`).
+  b_O [l, h], W_in [l, h, m], W_out [l, m, h], b_in, b_out, a gated MLP's W_gate [l, h, m] and b_gate; per block
+  `model.blocks[l].attn.W_Q` [n, h, d], ..., `model.blocks[l].ln1.w`, `model.embed.W_E`, `model.unembed.W_U`,
+  `model.ln_final.w`; TL hook names on the same paths are hooks (`model.blocks[3].attn.hook_z.add_hook(fn)`).
 - `to_single_token`, `get_token_position`, `tokens_to_residual_directions`, `loss_fn`.
 
 Which tensor each name means, per family, is the family's table (scratch_models/lens_names.py).
@@ -37,7 +37,7 @@ _CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padd
 # over the layers
 _MODEL_WEIGHTS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U"}
 _STACKED_WEIGHTS = {name: f"attn.{name}" for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")} | \
-                   {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_out", "b_out")}
+                   {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_gate", "b_gate", "W_out", "b_out")}
 
 
 @dataclasses.dataclass(frozen=True)

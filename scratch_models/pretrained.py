@@ -33,8 +33,9 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
     # otherwise
     tokenizer = None
     # a model with a head: transformers' class of that name holds the base model as `bert` / `transformer`, so
-    # its checkpoints put the table's base_prefix on base-model keys
-    checkpoint_prefixed = False
+    # its checkpoints put the table's base_prefix on base-model keys (True); a string: the prefix this class's put
+    # there instead, one of the table's head_prefixes (LlamaForQuestionAnswering's `transformer.`)
+    checkpoint_prefixed: bool | str = False
     # the class's output layer is the word-embedding matrix unless config.tie_word_embeddings is false (LM heads)
     tied_output_layer = False
     # each forward argument that indexes a table of the model -> the config field holding that table's size

@@ -148,7 +148,7 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         loaded=sources,
         ignored=ignored,
         legacy_names=sum(1 for key in keys if key.rpartition(".")[2] in table.legacy_leaf_names),
-        prefixed=any(key.startswith(table.base_prefix) for key in keys),
+        prefixed=any(key.startswith(table.prefixes) for key in keys),
         notes=notes,
     )
     return state, info

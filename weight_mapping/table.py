@@ -42,6 +42,10 @@ class MappingTable:
     # another writer's name of a module -> the name the rows use (transformers 5's state dict calls GPT-NeoX's
     # embed_out lm_head): read either way, written as the rows say
     renamed: dict = dataclasses.field(default_factory=dict)
+    # prefixes a class with a head puts on base-model keys instead of base_prefix (transformers' Llama and Qwen
+    # question answering classes keep their base model as `transformer`, for backward compatibility): read as
+    # base_prefix is; the class says which it writes (PretrainedModel.checkpoint_prefixed)
+    head_prefixes: tuple[str, ...] = ()
 
     def expand(self, num_layers: int) -> list[Row]:
         """The rows with "{i}" filled in for every layer, in table order."""
@@ -78,8 +82,8 @@ class MappingTable:
 
     def normalize(self, key: str) -> str:
         """A checkpoint key in the current spelling, without the base-model prefix."""
-        if key.startswith(self.base_prefix):
-            key = key[len(self.base_prefix):]
+        prefix = next((p for p in self.prefixes if key.startswith(p)), "")
+        key = key[len(prefix):]
         for other, name in self.renamed.items():
             if key.startswith(f"{other}."):
                 key = name + key[len(other):]
@@ -87,9 +91,16 @@ class MappingTable:
         leaf = self.legacy_leaf_names.get(leaf, leaf)
         return f"{module}.{leaf}" if module else leaf
 
-    def checkpoint_module(self, row: Row, prefixed: bool) -> str:
-        """Where `row`'s module sits in a transformers model that does (or does not) use the base prefix."""
-        return row.checkpoint if row.head or not prefixed else self.base_prefix + row.checkpoint
+    def checkpoint_module(self, row: Row, prefixed: bool | str) -> str:
+        """Where `row`'s module sits in a transformers model that does (or does not) use the base prefix; a string:
+        the prefix that model's class uses (one of head_prefixes)."""
+        prefix = prefixed if isinstance(prefixed, str) else self.base_prefix if prefixed else ""
+        return row.checkpoint if row.head else prefix + row.checkpoint
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        """Every prefix a checkpoint of the family may put on base-model keys."""
+        return (self.base_prefix, *self.head_prefixes)
 
 
 # The task heads transformers gives GPT-2 and GPT-NeoX (scratch_models/decoder_heads.py), beside the base model:
@@ -99,6 +110,17 @@ DECODER_TASK_HEADS = (
     Row("score",      "score",        WEIGHT, head=True),
     Row("score",      "token_logits", compare=True, head=True),
     Row("classifier", "classifier",   WEIGHT_BIAS, head=True),
+    Row("qa_outputs", "qa_outputs",   WEIGHT_BIAS, head=True),
+    Row("qa_outputs", "span_logits",  compare=True, head=True),
+)
+
+
+# The task heads of transformers 5's generic classes (GenericForSequenceClassification, GenericForTokenClassification,
+# GenericForQuestionAnswering: the Llama-like families' and Gemma's): both classifiers are `score`, the sequence
+# classifier's without a bias, the token classifier's with one unless its config says otherwise
+GENERIC_TASK_HEADS = (
+    Row("score",      "score",        WEIGHT_BIAS, head=True),
+    Row("score",      "token_logits", compare=True, head=True),
     Row("qa_outputs", "qa_outputs",   WEIGHT_BIAS, head=True),
     Row("qa_outputs", "span_logits",  compare=True, head=True),
 )

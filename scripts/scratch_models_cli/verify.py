@@ -271,13 +271,14 @@ def at_sighted(tensor: torch.Tensor, axes: tuple[str, ...], sighted: torch.Tenso
     return tensor.movedim(axes.index("s"), 1)[sighted.to(tensor.device)]
 
 
-def compare_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool, isolate: bool = False,
+def compare_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool | str, isolate: bool = False,
                     dtype: torch.dtype = torch.float32,
                     sighted: torch.Tensor | None = None) -> list[Comparison]:
     """Run `reference` (transformers) and `ours` on `inputs`; compare the outputs of each table row's pair, at the
     queries marked in `sighted` [b, s] (None: everywhere).
 
-    `prefixed`: the reference is a model with heads, whose base modules sit under the table's base prefix.
+    `prefixed`: the reference is a model with heads, whose base modules sit under the table's base prefix (or
+    under this one, a string: its class's checkpoint_prefixed).
     """
     mine, theirs = _capture_modules(table, ours, reference, rows, inputs, prefixed=prefixed, isolate=isolate)
     dims = ours.hook_dims()
@@ -289,7 +290,7 @@ def compare_modules(table, ours, reference, rows, inputs: dict, *, prefixed: boo
                     *_tolerance(row, dtype)) for row in rows]
 
 
-def _capture_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool, isolate: bool
+def _capture_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bool | str, isolate: bool
                      ) -> tuple[dict, dict]:
     """Run `reference` (transformers) and then `ours` on `inputs`; return (ours, theirs), each our hook name ->
     the output of that table row's module."""

@@ -389,6 +389,15 @@ def test_a_model_without_an_mlm_head_says_so_for_w_u_and_tools_that_walk_its_att
         assert torch.equal(traced(ids), model(ids).last_hidden_state)
 
 
+def test_w_gate_is_a_gated_mlp_s_and_others_say_they_have_none():
+    """TL's model.W_gate stacks each block's mlp.W_gate [h, m] where the MLP is gated (Llama's gate_proj, tested
+    against TL's bridge in test_llama_transformer_lens.py); a model whose MLP is not gated answers no, naming it."""
+    model = small("gpt2")
+    with pytest.raises(AttributeError, match=r"TransformerLens' blocks.0.mlp.W_gate is not a weight"):
+        model.W_gate
+    assert not hasattr(model, "b_gate") and hasattr(model, "W_in")
+
+
 @pytest.mark.parametrize("tie", [True, False])
 def test_lm_head_is_never_none(tie):
     model = small("gpt2", tie_word_embeddings=tie)

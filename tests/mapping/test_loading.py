@@ -124,6 +124,27 @@ def test_config_refusals_name_the_field(tmp_path, change, message):
         BertModel.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("value, ok", [(7, True), ([7, 9], True), (None, True), ("7", False), (True, False),
+                                       (7.0, False)])
+def test_a_field_of_several_kinds_takes_each_and_names_them_all(value, ok):
+    """Llama 3.1's config.json gives eos_token_id as a list of ids, older ones as one id: a field typed
+    `int | list | None` takes both (and null), and anything else is named with every kind it may be."""
+    import dataclasses
+
+    from scratch_models.config import ModelConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class Config(ModelConfig):
+        eos_token_id: int | list | None = None
+        id2label: dict | None = None
+
+    if ok:
+        assert Config.from_dict({"eos_token_id": value}).eos_token_id == value
+    else:
+        with pytest.raises(ConfigError, match="field 'eos_token_id' should be int or list or null"):
+            Config.from_dict({"eos_token_id": value})
+
+
 def test_config_missing_required_field():
     with pytest.raises(ConfigError, match="required field 'vocab_size' is missing"):
         BertConfig.from_dict({"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 3,
