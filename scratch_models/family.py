@@ -23,6 +23,9 @@ class ResidualStream:
     `layers[l].attn` and whose stream between layers is `embeddings.out`, then `layers.{l}.out`."""
 
     post_ln: bool  # each sublayer's sum is renormalised at once (BERT): no sum of parts reaches past one LayerNorm
+    # the hook point whose values direct logit attribution splits into parts (logit_attrs): the logits, unless the
+    # family changes the unembedding's scores on their way to the logits (Gemma 2 caps them softly)
+    attributed_logits = "logits"
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -46,6 +49,13 @@ class ResidualStream:
     def mlp_out(self, layer: int) -> str:
         """What layer's MLP adds to the stream (TransformerLens' mlp_out)."""
         return f"layers.{layer}.mlp.proj"
+
+    def attn_out_norm(self, layer: int) -> tuple[str, nn.Module] | None:
+        """Where layer's attention output is normalised on its way into the stream (Gemma 2's post-attention norm):
+        (the hook name of the tensor that norm reads, the norm), so a head's part of the stream is its result
+        through it. None (the default): the output projection's output is added as it is, and each head's result
+        is its part."""
+        return None
 
     @property
     def has_mid(self) -> bool:
