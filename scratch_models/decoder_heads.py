@@ -4,7 +4,7 @@ last hidden state (after the final LayerNorm). Mixed in before the family's base
     class GPT2ForSequenceClassification(SequenceClassification, GPT2Model): ...
 
     SequenceClassification   score: h -> L at every position, read at each row's last token
-    TokenClassification      classifier: h -> L at every position
+    TokenClassification      classifier (or score): h -> L at every position
     QuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
 
 Their tensors sit beside the base model's under the family's base prefix, as transformers saves them. A head the
@@ -81,11 +81,14 @@ class TokenClassification:
 
     checkpoint_prefixed = True
     classify_as = "tokens"
+    # the linear layer's name: GPT-2's and GPT-NeoX's `classifier`; transformers 5's generic token classifier
+    # (GenericForTokenClassification: Gemma 2, Llama, ...) calls it `score`
+    classifier_name = "classifier"
 
     def __init__(self, config):
         super().__init__(config)
         self.dropout = nn.Dropout(config.token_classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.add_module(self.classifier_name, nn.Linear(config.hidden_size, config.num_labels))
         self.logits = HookPoint("b, s, L", "class scores of every token")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, output_hidden_states: bool = False,
@@ -95,7 +98,7 @@ class TokenClassification:
         loss is their cross-entropy, whatever config.problem_type says (as in transformers)."""
         out = super().forward(input_ids, attention_mask, position_ids, output_hidden_states=output_hidden_states,
                               output_attentions=output_attentions)
-        logits = self.logits(self.classifier(self.dropout(out.last_hidden_state)))
+        logits = self.logits(getattr(self, self.classifier_name)(self.dropout(out.last_hidden_state)))
         loss = cross_entropy(logits, labels) if labels is not None else None
         return TokenClassifierOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
                                      attentions=out.attentions)
