@@ -22,6 +22,7 @@ from .parts.attention import Mask, causal_mask, nothing_padded, soft_cap
 from .generation import GenerationMixin, KVCache
 from .hook_point import HookPoint
 from .inputs import check_ids, check_mask
+from .tracing import is_tracing
 from .outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from .pretrained import PretrainedModel
 
@@ -86,7 +87,10 @@ class CausalDecoder(PretrainedModel):
         # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
         # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
         causal = attention_mask is None and past == 0
-        window = self.sliding_window if self.sliding_window is not None and self.sliding_window < past + seq else None
+        # the window's own mask where it hides keys; while a graph is captured always, so that none depends on the
+        # sequence's length (torch.export would otherwise hold it to the example's side of the window)
+        window = self.sliding_window if self.sliding_window is not None and (
+            is_tracing(input_ids) or self.sliding_window < past + seq) else None
         step = Step(mask=None if causal else causal_mask(attention_mask, seq, past, x.device), causal=causal,
                     cache=cache, need_probs=output_attentions, positional=self.positional(x, position_ids),
                     window_mask=causal_mask(attention_mask, seq, past, x.device, window) if window else None)
