@@ -91,9 +91,13 @@ class CausalDecoder(PretrainedModel):
         # sequence's length (torch.export would otherwise hold it to the example's side of the window)
         window = self.sliding_window if self.sliding_window is not None and (
             is_tracing(input_ids) or self.sliding_window < past + seq) else None
+        window_mask = None
+        if window is not None:  # counted back from each new token's position, which the cache places
+            window_mask = (causal_mask(attention_mask, seq, past, x.device, window) if cache is None
+                           else cache.window_mask(attention_mask, seq, window, x.device))
         step = Step(mask=None if causal else causal_mask(attention_mask, seq, past, x.device), causal=causal,
                     cache=cache, need_probs=output_attentions, positional=self.positional(x, position_ids),
-                    window_mask=causal_mask(attention_mask, seq, past, x.device, window) if window else None)
+                    window_mask=window_mask)
         hidden_states, attentions = ([x] if output_hidden_states else None), []  # kept only when asked
         for layer in self.layers:
             x, probs = layer(x, step)
