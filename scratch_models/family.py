@@ -161,9 +161,9 @@ class Family:
     # "next" (the next token's logit), "mlm" (a masked token), "class" (a class logit), "pooler"; None: each class's
     # own `target` (the decoders' shared heads declare theirs: decoder.py, decoder_heads.py)
     targets: dict[str, str] | None = None
-    # a small odd config of the family (2 layers, 3 heads of 16, an MLP width of 37, a vocabulary of 37 whose last
-    # id is the end of text where the family has one): the tests build and vary every family from it, docs read the
-    # structure of models built from it
+    # a small odd config of the family (2 layers, a few heads of 16, 3 or, with grouped key/value heads, 4 over 2;
+    # an MLP width of 37, a vocabulary of 37 whose last id is the end of text where the family has one): the tests
+    # build and vary every family from it, docs read the structure of models built from it
     tiny_config: dict = dataclasses.field(default_factory=dict)
     summary: str = ""  # how the family's residual stream reads, for docs/hook_names.md
     # hook name ("{i}" for the layer) -> the transformers output field that holds the same tensor (tested)
