@@ -308,6 +308,24 @@ def check_causal_lm(family: str, reference, directory, inputs: dict, device: str
     return worst
 
 
+def assert_bridge_tensors(cache, theirs, names, skip: tuple[str, ...] = ()) -> list[str]:
+    """Each of `names` (TransformerLens names whose tensors TL's TransformerBridge cached in `theirs`) but those
+    ending in `skip`: our `cache` answers it with the bridge's tensor (its shape, infinities where it has them,
+    values within 1e-6). Returns the names compared."""
+    compared = []
+    for name in names:
+        if name.endswith(skip):
+            continue
+        assert name in cache, f"{name}: the bridge has it, ours answers no"
+        mine, bridge_tensor = cache[name], theirs[name]
+        assert mine.shape == bridge_tensor.shape, name
+        finite = bridge_tensor.isfinite()
+        assert torch.equal(finite, mine.isfinite()), name
+        assert torch.allclose(mine[finite], bridge_tensor[finite], atol=1e-6, rtol=1e-6), name
+        compared.append(name)
+    return compared
+
+
 def byte_level_bpe(texts: list[str], vocab_size: int):
     """A byte-level BPE (tokenizers.Tokenizer) as GPT-2's and Pythia's are, with <|endoftext|>, trained on `texts`
     (no such tokenizer is local)."""
