@@ -118,7 +118,8 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         options = Options(**options)
         options.dtype = options.dtype or "float32"
         plan = _plan(model, data, names, options, compile, device, model_dtype)
-        settings = plan.settings()
+        # where a shard ends depends on its size: a resume with another size would skip or repeat rows
+        settings = plan.settings() | {"shard_bytes": shard_bytes}
         _agree(rank, world, lambda: _prepare(out, settings, overwrite))
         layouts = plan.layouts
         saelens_context = plan.options.context if plan.options.layout == "saelens" else None

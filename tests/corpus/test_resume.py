@@ -144,3 +144,46 @@ def test_the_space_check_compares_the_estimate_with_what_is_free(tmp_path, monke
     with pytest.raises(HarvestError, match=r"1.0 KB free, and this harvest needs about 2.0 KB \(the basis\).*space_check=False"):
         storage.check_space(tmp_path, 2000, "the basis")
     storage.check_space(tmp_path, 1000, "the basis")
+
+
+BASE = dict(names=["layers.1.out"], context=8, shard_bytes=3000)
+
+
+@pytest.mark.parametrize("changed", [
+    dict(shard_bytes=1500), dict(shard_bytes=6000), dict(names=["layers.0.out"]), dict(dtype="float16"),
+    dict(context=9), dict(prepend_bos=False), dict(drop_special=True), dict(batch_size=3),
+    dict(batching="document", context=None), dict(layout="saelens"), dict(data=SENTENCES * 5 + ["The end."]),
+], ids=lambda changed: ",".join(f"{k}={v}" for k, v in changed.items() if k != "context" or len(changed) == 1))
+@pytest.mark.parametrize("stopped", ["finished", "crashed"])
+def test_a_resume_with_any_setting_that_moves_rows_between_shards_is_refused(tmp_path, tiny_gpt2_model, monkeypatch,
+                                                                             changed, stopped):
+    """Each setting that changes which rows a shard holds (the shard size too): a resume with another value, of a
+    finished harvest or of one stopped after two shards, is refused, and the same call then completes it with every
+    row once, the manifest counting them."""
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 5, progress=False, **BASE)
+    reference = harvest(**arguments, out=tmp_path / "reference")
+    assert len(list((tmp_path / "reference").glob("data-*.arrow"))) > 3
+    out = tmp_path / "out"
+    if stopped == "crashed":
+        commit, commits = storage.ShardWriter._commit, []
+
+        def fail_third(self, *args):
+            commits.append(1)
+            if len(commits) == 3:
+                raise OSError(errno.EIO, "Input/output error")
+            return commit(self, *args)
+
+        monkeypatch.setattr(storage.ShardWriter, "_commit", fail_third)
+        with pytest.raises(OSError, match="Input/output error"):
+            harvest(**arguments, out=out)
+        monkeypatch.setattr(storage.ShardWriter, "_commit", commit)
+        assert len(list(out.glob("data-*.arrow"))) == 2
+    else:
+        harvest(**arguments, out=out)
+    key = next(k for k in changed if k != "context" or len(changed) == 1)
+    with pytest.raises(HarvestError, match=rf"other settings \(.*{key}: .* there, .* now"):
+        harvest(**arguments | changed, out=out)
+    again = harvest(**arguments, out=out)
+    same_rows(out, tmp_path / "reference")  # row for row: none lost, none twice
+    manifest = json.loads((out / "harvest.json").read_text())
+    assert manifest["rows"] == again.num_rows == reference.num_rows
