@@ -94,7 +94,8 @@ def iter_activations(model, data, names, *, compile: bool = False, device=None, 
     dtype = plan.options.dtype
     for block in plan.blocks(WINDOW_ROWS):
         for batch in plan.batches(block):
-            rows = plan.runner.run(batch)
+            with plan.runner.listening():  # not across a yield: the caller may run the model meanwhile
+                rows = plan.runner.run(batch)
             if dtype is not None:
                 rows = {k: v.to(STORAGE_DTYPES[dtype]) if k in plan.names else v for k, v in rows.items()}
             yield rows
@@ -134,7 +135,8 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
             check_space(out, max(0, estimate["bytes"] - written), estimate["basis"])
         state = _Run(plan, out, shard_features, rank, world, progress, estimate, done)
         try:
-            total = state.run(blocks)
+            with plan.runner.listening():
+                total = state.run(blocks)
         finally:
             state.close_bar()
         tokens = _all_ranks(state.tokens, world)

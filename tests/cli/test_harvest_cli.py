@@ -38,7 +38,7 @@ def test_harvest_writes_prints_and_resumes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--names", "layers.9.out"], "no hook point matches 'layers.9.out'"),
+    (["--names", "layers.9.out"], "unknown hook point 'layers.9.out'"),
     (["--names", "layers.0.out", "--batch-size", "0"], "--batch-size must be at least 1"),
     (["--names", "layers.0.out", "--shard-size", "0"], "--shard-size must be more than 0 MB"),
     (["--names", "layers.0.out", "--text-column", "body"], r"corpus.jsonl: no column 'body'"),
