@@ -24,7 +24,7 @@ from typing import Iterator
 import torch
 
 from .plan import WINDOW_ROWS, Options, Plan, load_model, peek
-from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, ShardWriter, check_out, check_space, done_blocks,
+from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, OutLock, ShardWriter, check_out, check_space, done_blocks,
                       features, finish, row_bytes, to_numpy, write_json_atomic, human_bytes)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20
@@ -115,13 +115,14 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
     """`harvest`, returning (dataset, Summary)."""
     start = time.perf_counter()
     out = Path(out).expanduser().resolve()
-    with _distributed(device) as (rank, world, device):
+    with _distributed(device) as (rank, world, device), contextlib.ExitStack() as held:
         options = Options(**options)
         options.dtype = options.dtype or "float32"
         plan = _plan(model, data, names, options, compile, device, model_dtype)
         # where a shard ends depends on its size: a resume with another size would skip or repeat rows
         settings = plan.settings() | {"shard_bytes": shard_bytes}
-        _agree(rank, world, lambda: _prepare(out, settings, overwrite))
+        # rank 0 holds the directory's lock for all (a second harvest there refuses at once)
+        _agree(rank, world, lambda: _prepare(out, settings, overwrite, held))
         layouts = plan.layouts
         saelens_context = plan.options.context if plan.options.layout == "saelens" else None
         shard_features = features(layouts, plan.options.dtype, saelens_context)
@@ -153,7 +154,8 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
     return dataset, summary
 
 
-def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
+def _prepare(out: Path, settings: dict, overwrite: bool, held: contextlib.ExitStack) -> None:
+    held.enter_context(OutLock(out))
     manifest = check_out(out, settings, overwrite)
     if manifest is None:
         write_json_atomic(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running",

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import itertools
 import weakref
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -191,7 +192,10 @@ class Plan:
     def settings(self) -> dict:
         """What identifies the harvest: resuming with anything else is refused."""
         o = self.options
-        return {"model": getattr(self.tokenizer, "source", None) and str(self.tokenizer.source),
+        source = getattr(self.tokenizer, "source", None)
+        if source is not None and Path(source).expanduser().exists():  # a path given relative or absolute alike
+            source = Path(source).expanduser().resolve()
+        return {"model": source and str(source),
                 "model_class": type(self.model).__name__, "weights_sha256": weights_hash(self.model),
                 "names": self.names, "dtype": o.dtype, "data": self.corpus.fingerprint(), "batching": o.batching,
                 "context": o.context, "positions": o.positions, "drop_special": o.drop_special,

@@ -187,3 +187,62 @@ def test_a_resume_with_any_setting_that_moves_rows_between_shards_is_refused(tmp
     same_rows(out, tmp_path / "reference")  # row for row: none lost, none twice
     manifest = json.loads((out / "harvest.json").read_text())
     assert manifest["rows"] == again.num_rows == reference.num_rows
+
+
+def test_a_second_harvest_on_the_same_out_refuses_at_once_naming_the_first(tmp_path, tiny_gpt2_model):
+    import socket
+
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES, names=["layers.0.out"], out=tmp_path / "out", context=8,
+                     progress=False)
+    with storage.OutLock(tmp_path / "out"):
+        for overwrite in (False, True):  # --overwrite neither: the first harvest's files are its own
+            with pytest.raises(HarvestError, match=rf"another harvest is running there \(pid {os.getpid()} on "
+                                                   rf"{socket.gethostname()}, started 20\d\d-.*\): wait for it"):
+                harvest(**arguments, overwrite=overwrite)
+    harvest(**arguments)
+    assert not (tmp_path / "out" / "harvest.lock").exists()  # let go at the end
+
+
+def test_the_lock_of_a_process_that_is_gone_is_taken_over(tmp_path, tiny_gpt2_model):
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / "harvest.lock").write_text(json.dumps({"pid": int(dead.stdout), "host": "here", "started": "then"}))
+    rows = harvest(tiny_gpt2_model, SENTENCES, ["layers.0.out"], out, context=8, progress=False)
+    assert rows.num_rows > 0 and not (out / "harvest.lock").exists()
+
+
+@pytest.mark.slow
+def test_two_identical_commands_at_once_the_second_refuses_naming_the_first(tmp_path, tiny_gpt2):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(30) for s in SENTENCES])
+    out = tmp_path / "out"
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    first = subprocess.Popen(command(tiny_gpt2[0], data, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    wait_for(lambda: (out / "harvest.lock").is_file() and (out / "harvest.lock").read_text(), first)
+    second = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
+    assert second.returncode == 2
+    assert f"another harvest is running there (pid {first.pid} on " in second.stderr
+    assert first.wait() == 0, first.stderr.read()
+    assert json.loads((out / "harvest.json").read_text())["status"] == "complete"
+
+
+def test_a_start_that_failed_on_the_corpus_leaves_nothing_that_refuses_the_fixed_command(tmp_path, tiny_gpt2_model):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": "short"}, {"text": " ".join(["word"] * 100)}])
+    arguments = dict(model=tiny_gpt2_model, data=data, names=["layers.0.out"], out=tmp_path / "out",
+                     batching="document", progress=False)
+    with pytest.raises(ValueError, match=r"row 1: \d+ tokens, longer than the 64"):
+        harvest(**arguments)
+    write_jsonl(data, [{"text": "short"}, {"text": "not so long"}])
+    assert harvest(**arguments).num_rows > 0
+
+
+def test_the_same_files_given_relative_or_absolute_are_the_same_settings(tmp_path, tiny_gpt2, tiny_gpt2_model,
+                                                                         monkeypatch):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": s} for s in SENTENCES])
+    monkeypatch.chdir(tmp_path)
+    relative = dict(model=os.path.relpath(tiny_gpt2[0]), data="c.jsonl", out="out")
+    absolute = dict(model=str(tiny_gpt2[0]), data=str(data), out=str(tmp_path / "out"))
+    harvest(**relative, names=["layers.0.out"], context=8, progress=False)
+    again = harvest(**absolute, names=["layers.0.out"], context=8, progress=False)  # resumes: nothing to do
+    assert again.num_rows > 0 and json.loads((tmp_path / "out" / "harvest.json").read_text())["status"] == "complete"
