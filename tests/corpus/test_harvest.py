@@ -112,7 +112,8 @@ def test_as_bfloat16_refuses_numbers_that_are_not_bit_patterns():
         as_bfloat16(torch.tensor([70000]))
 
 
-def test_iter_activations_hands_over_the_rows_harvest_writes(tmp_path, tiny_gpt2_model):
+def test_iter_activations_hands_over_the_rows_harvest_writes(tmp_path, tiny_gpt2_model, one_thread):
+    """Bitwise, on one torch thread (each of harvest's forward passes runs on one)."""
     data = SENTENCES * 3
     written = torch_rows(harvest(tiny_gpt2_model, data, ["layers.0.out"], tmp_path / "out", context=8,
                                  progress=False))
@@ -124,9 +125,10 @@ def test_iter_activations_hands_over_the_rows_harvest_writes(tmp_path, tiny_gpt2
     assert half["layers.0.out"].dtype == torch.bfloat16
 
 
-def test_every_forward_pass_stops_after_the_last_point_needed(tmp_path, minilm):
+def test_every_forward_pass_stops_after_the_last_point_needed(tmp_path, minilm, one_thread):
     """From the first batch on, harvest and iter_activations run the layers up to the last point named and no
-    further (a listener above it never runs), and the rows are those of the full forward pass."""
+    further (a listener above it never runs), and the rows are those of the full forward pass (bitwise, on one
+    torch thread as each of harvest's forward passes)."""
     names = ["layers.1.out", "layers.0.attn.q"]
     full = {}
     for text in SENTENCES[:2]:
@@ -313,7 +315,7 @@ def test_a_point_computed_once_for_the_batch_is_given_to_every_row(tmp_path, tin
     assert torch.equal(rows["embeddings.position"], wpe[rows["position"]])
 
 
-def test_transformer_lens_names_are_harvested_under_the_name_given(tmp_path, tiny_gpt2_model):
+def test_transformer_lens_names_are_harvested_under_the_name_given(tmp_path, tiny_gpt2_model, one_thread):
     """TL's names (and globs over them) work as in run_with_cache: each column is named as asked and holds TL's
     tensor for each token, an alias's rows ours (hook_z: [n, d] per token) and a LayerNorm's scale computed."""
     model = tiny_gpt2_model
@@ -346,3 +348,37 @@ def test_transformer_lens_names_are_refused_as_ours_are(tmp_path, tiny_gpt2_mode
     with pytest.raises(ValueError, match=r"unknown hook point 'blocks.0.hook_resid_postt'; did you mean "
                                          r"blocks.0.hook_resid_post"):
         harvest(tiny_gpt2_model, SENTENCES, ["blocks.0.hook_resid_postt"], tmp_path / "out", progress=False)
+
+
+def test_the_rows_are_the_same_whatever_the_threads(tmp_path, tiny_gpt2_model):
+    runs = {}
+    for threads in (1, 3):
+        dataset, summary = run_harvest(tiny_gpt2_model, SENTENCES * 3, ["layers.1.out"], tmp_path / f"t{threads}",
+                                       context=8, batch_size=2, threads=threads, progress=False)
+        runs[threads] = torch_rows(dataset)
+        assert summary.threads.startswith(f"{threads} forward thread") and "on 1 torch thread each" in summary.threads
+        assert f"threads (this process): {summary.threads}" in summary.format()
+    for key in runs[1]:
+        assert torch.equal(runs[1][key], runs[3][key]), key
+
+
+def test_the_threads_chosen_share_the_cores_and_heed_omp_num_threads(monkeypatch):
+    from scratch_models.corpus import Threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    cpu = torch.device("cpu")
+    before = torch.get_num_threads()
+    for environ, threads, compile, expected in [
+            ({}, None, False, (8, 2)), ({"LOCAL_WORLD_SIZE": "2"}, None, False, (8, 1)),
+            ({"LOCAL_WORLD_SIZE": "4"}, None, False, (4, 1)), ({"OMP_NUM_THREADS": "1"}, None, False, (1, 1)),
+            ({}, 3, False, (3, 1)), ({}, None, True, (1, 16))]:
+        for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        with Threads.chosen(threads, cpu, compile) as chosen:
+            assert (chosen.forward, chosen.torch) == expected and torch.get_num_threads() == expected[1]
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        with Threads.chosen(0, cpu, False):
+            pass

@@ -4,6 +4,7 @@ run writes; a full disk stops it with the finished shards intact; too little fre
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from corpus_data import SENTENCES, write_jsonl
-from scratch_models.corpus import DiskFull, HarvestError, harvest
+from scratch_models.corpus import DiskFull, HarvestError, harvest, run_harvest
 from scratch_models.corpus import storage
 
 
@@ -246,3 +247,115 @@ def test_the_same_files_given_relative_or_absolute_are_the_same_settings(tmp_pat
     harvest(**relative, names=["layers.0.out"], context=8, progress=False)
     again = harvest(**absolute, names=["layers.0.out"], context=8, progress=False)  # resumes: nothing to do
     assert again.num_rows > 0 and json.loads((tmp_path / "out" / "harvest.json").read_text())["status"] == "complete"
+
+
+def same_bytes(out, reference):
+    names = sorted(p.name for p in reference.glob("data-*.arrow"))
+    assert names == sorted(p.name for p in out.glob("data-*.arrow"))
+    for name in names:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_a_stop_inside_a_shard_keeps_what_is_written_and_the_resume_goes_on_from_there(tmp_path, tiny_gpt2_model,
+                                                                                      monkeypatch):
+    """One shard of many batches, what is written kept after each (KEEP_SECONDS 0): a run stopped at its sixth
+    forward pass resumes from the kept part, runs only the batches after it, and writes the bytes of an
+    uninterrupted run."""
+    from scratch_models.corpus.activations import Runner
+
+    monkeypatch.setattr(storage, "KEEP_SECONDS", 0.0)
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 6, names=["layers.1.out"], context=8, batch_size=1,
+                     progress=False)
+    reference, whole = run_harvest(**arguments, out=tmp_path / "reference")
+    assert whole.shards == 1
+    run, calls = Runner.run, []
+
+    def stopped(self, batch):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("stopped")
+        return run(self, batch)
+
+    monkeypatch.setattr(Runner, "run", stopped)
+    with pytest.raises(RuntimeError, match="stopped"):
+        harvest(**arguments, out=tmp_path / "out", threads=1)
+    monkeypatch.setattr(Runner, "run", run)
+    kept = json.loads((tmp_path / "out" / "data-00000.kept.json").read_text())
+    assert kept["batches"] == 5 and kept["counts"]["sequences"] == 5 and not list((tmp_path / "out").glob("*.arrow"))
+    _, summary = run_harvest(**arguments, out=tmp_path / "out")
+    assert summary.tokens == whole.tokens - 5 * 8
+    same_bytes(tmp_path / "out", tmp_path / "reference")
+    same_rows(tmp_path / "out", tmp_path / "reference")
+    assert not list((tmp_path / "out").glob("*.kept*")) and not list((tmp_path / "out").glob("*.partial"))
+
+
+CHILD = """
+import sys
+from scratch_models.corpus import harvest, storage
+storage.KEEP_SECONDS = float(sys.argv[4])
+harvest(sys.argv[1], sys.argv[2], ["layers.1.out"], sys.argv[3], context=8, batch_size=1, progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_inside_the_only_shard_costs_only_what_was_not_yet_kept(tmp_path, tiny_gpt2):
+    """A shard far larger than the corpus: SIGKILL once part of it is kept, and the same command resumes from
+    that part (twice over) to the bytes of an uninterrupted run."""
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(40) for s in SENTENCES])
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+
+    def child(out, keep):
+        return [sys.executable, "-c", CHILD, str(tiny_gpt2[0]), str(data), str(out), str(keep)]
+
+    subprocess.run(child(tmp_path / "reference", 30), check=True, env=env, capture_output=True)
+    out, kept = tmp_path / "out", tmp_path / "out" / "data-00000.kept.json"
+    batches = []
+    for _ in range(2):
+        process = subprocess.Popen(child(out, 0), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: kept.is_file() and json.loads(kept.read_text())["batches"] > 20 + (batches or [0])[-1],
+                 process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        batches.append(json.loads(kept.read_text())["batches"])
+    assert batches[1] > batches[0] and not list(out.glob("data-*.arrow"))
+    subprocess.run(child(out, 30), check=True, env=env, capture_output=True)
+    same_bytes(out, tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_what_is_kept_exits_130_and_the_same_command_resumes(tmp_path, tiny_gpt2):
+    data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(60) for s in SENTENCES])
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    subprocess.run(command(tiny_gpt2[0], data, reference), check=True, env=env, capture_output=True)
+    shown = [word for word in command(tiny_gpt2[0], data, out) if word != "--quiet"]  # the bar too
+    process = subprocess.Popen(shown, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(list(out.glob("data-*.arrow"))) >= 3, process)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    said = process.stderr.read()
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    kept = len(list(out.glob("data-*.arrow")))
+    assert re.search(rf"scratch-models harvest: interrupted: {kept} of about \d+ shards kept.*; the same command "
+                     "resumes\n$", said), said
+    assert "100%" not in said.split("\r")[-1], said  # the bar does not claim to have finished
+    done = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    same_rows(out, reference)
+
+
+def test_the_writer_counts_bytes_as_it_writes_them(tmp_path):
+    import numpy as np
+
+    features = datasets.Features({"x": datasets.Value("float32")})
+    writer = storage.ShardWriter(tmp_path, features)
+    writer.begin(0)
+    writer.write({"x": np.zeros(1000, np.float32)}, {"batches": 1, "counts": {}})
+    start = time.monotonic()
+    while writer.bytes_written < 4000:  # the shard is not finished, and its bytes already count
+        assert time.monotonic() - start < 30, writer.bytes_written
+        time.sleep(0.01)
+    assert not (tmp_path / "data-00000.arrow").exists()
+    writer.end({"rows": 1000})
+    writer.close()
+    assert writer.bytes_written == (tmp_path / "data-00000.arrow").stat().st_size
