@@ -134,6 +134,7 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         options = Options(**options)
         options.dtype = options.dtype or "float32"
         plan = _plan(model, data, names, options, compile, device, model_dtype)
+        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile))
         # where a shard ends depends on its size: a resume with another size would skip or repeat rows
         settings = plan.settings() | {"shard_bytes": shard_bytes}
         # rank 0 holds the directory's lock for all (a second harvest there refuses at once)
@@ -149,7 +150,6 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         if space_check and estimate is not None and rank == 0:
             written = sum(counts["bytes"] for counts in done.values()) + sum(k["bytes"] for k in kept.values())
             check_space(out, max(0, estimate["bytes"] - written), estimate["basis"])
-        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile))
         state = _Run(plan, out, shard_features, rank, world, progress, estimate, done, kept, chosen)
         try:
             with plan.runner.listening():

@@ -34,7 +34,8 @@ LOCK = "harvest.lock"
 FORMAT = "scratch-models harvest"
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ARROW_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
-_OURS = (MANIFEST, "state.json", "dataset_info.json")  # and data-*.arrow, data-*.json, *.partial
+# and data-*.arrow, data-*.json (counts, kept parts), data-*.arrow.partial and .partial.kept
+_OURS = (MANIFEST, "state.json", "dataset_info.json")
 
 
 class HarvestError(ValueError):
@@ -135,7 +136,6 @@ class ShardWriter:
     def __init__(self, out: Path, features, depth: int = 2):
         self.out, self.features = out, features
         self.queue = queue.Queue(maxsize=depth)
-        self.keep_seconds = KEEP_SECONDS
         self.error: BaseException | None = None
         self.bytes_written = 0
         self.write_seconds = 0.0
@@ -209,7 +209,7 @@ class ShardWriter:
                 elif kind == "rows":
                     columns, progress = value
                     writer.write_batch(columns)
-                    if time.monotonic() - kept_at >= self.keep_seconds:
+                    if time.monotonic() - kept_at >= KEEP_SECONDS:
                         self._keep(writer, block, progress)
                         kept_at = time.monotonic()
                 elif kind == "keep":

@@ -43,12 +43,19 @@ def wait_for(condition, process, timeout=120):
         time.sleep(0.005)
 
 
-@pytest.mark.slow
-def test_kill_9_at_any_moment_then_the_same_command_resumes_to_the_same_rows(tmp_path, tiny_gpt2):
+@pytest.fixture
+def many_shards(tmp_path, tiny_gpt2):
+    """(a corpus of some hundred small shards, its uninterrupted harvest, where to harvest it again, the env)."""
     data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(60) for s in SENTENCES])
     reference, out = tmp_path / "reference", tmp_path / "out"
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     subprocess.run(command(tiny_gpt2[0], data, reference), check=True, env=env, capture_output=True)
+    return data, reference, out, env
+
+
+@pytest.mark.slow
+def test_kill_9_at_any_moment_then_the_same_command_resumes_to_the_same_rows(tiny_gpt2, many_shards):
+    data, reference, out, env = many_shards
     assert len(list(reference.glob("data-*.arrow"))) > 100
 
     def shards():
@@ -330,11 +337,8 @@ def test_kill_9_inside_the_only_shard_costs_only_what_was_not_yet_kept(tmp_path,
 
 
 @pytest.mark.slow
-def test_ctrl_c_says_what_is_kept_exits_130_and_the_same_command_resumes(tmp_path, tiny_gpt2):
-    data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(60) for s in SENTENCES])
-    reference, out = tmp_path / "reference", tmp_path / "out"
-    env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    subprocess.run(command(tiny_gpt2[0], data, reference), check=True, env=env, capture_output=True)
+def test_ctrl_c_says_what_is_kept_exits_130_and_the_same_command_resumes(tiny_gpt2, many_shards):
+    data, reference, out, env = many_shards
     shown = [word for word in command(tiny_gpt2[0], data, out) if word != "--quiet"]  # the bar too
     process = subprocess.Popen(shown, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: len(list(out.glob("data-*.arrow"))) >= 3, process)
