@@ -72,8 +72,9 @@ class Summary:
 def harvest(model, data, names, out, *, overwrite: bool = False, compile: bool = False, device=None,
             model_dtype=None, shard_bytes: int = DEFAULT_SHARD_BYTES, space_check: bool = True,
             progress: bool = True, threads: int | None = None, **options) -> "datasets.Dataset":  # noqa: F821
-    """Run `model` over every document of `data` and write the tensors of the hook points `names` (names or globs,
-    `layers.*.out`) to `out`, one row per token kept; return them as a datasets.Dataset (memory-mapped).
+    """Run `model` over every document of `data` and write the tensors of the hook points `names` (ours or
+    TransformerLens', or globs where `*` is one part of a name, `layers.*.out`; each stored under the name given) to
+    `out`, one row per token kept; return them as a datasets.Dataset (memory-mapped).
 
     `model`: one of our models (with its tokenizer), or a checkpoint (a name from_pretrained takes), loaded as the
     narrowest class that has the names, on `device` in `model_dtype`. `data`: a .txt / .jsonl / .csv / .parquet
