@@ -232,8 +232,13 @@ def test_two_identical_commands_at_once_the_second_refuses_naming_the_first(tmp_
     data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(30) for s in SENTENCES])
     out = tmp_path / "out"
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    first = subprocess.Popen(command(tiny_gpt2[0], data, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    # the first one slowed (a pause per forward pass), so it still runs however long the second takes to start
+    slowed = ("import sys, time; from scratch_models.corpus.activations import Runner; run = Runner.run; "
+              "Runner.run = lambda self, batch: (time.sleep(0.3), run(self, batch))[1]; "
+              "sys.argv[0] = 'scratch-models'; from importlib.metadata import entry_points; "
+              "(cli,) = entry_points(group='console_scripts', name='scratch-models'); raise SystemExit(cli.load()())")
+    first = subprocess.Popen([sys.executable, "-c", slowed, *command(tiny_gpt2[0], data, out)[3:]], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (out / "harvest.lock").is_file() and (out / "harvest.lock").read_text(), first)
     second = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
     assert second.returncode == 2
