@@ -102,8 +102,8 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(table, checkpoint, expected, getattr(config, table.layers_field),
-                                 model_name=cls.__name__, tied=tied, twins=twins, dtype=as_dtype(dtype),
-                                 device=device)
+                                 model_name=cls.__name__, tied=tied, twins=twins, base_names=lambda: _names_in(
+                                     cls.family.base, config), dtype=as_dtype(dtype), device=device)
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use
@@ -194,6 +194,12 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
 
     def _device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def _names_in(cls: type, config) -> list[str]:
+    """The tensor names of `cls` built from `config` (on the meta device: no memory, no init)."""
+    with torch.device("meta"), _SkipInit():
+        return list(cls(config).state_dict())
 
 
 class _SkipInit(TorchFunctionMode):
