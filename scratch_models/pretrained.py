@@ -11,7 +11,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .hooks import HookedModel
-from .inputs import check_values
+from .inputs import check_tokens, check_values
 from .lens_compat import TransformerLensMixin
 from .tokenizer import Tokenizer
 
@@ -48,6 +48,11 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         """(size, config field) of the table `argument` indexes: what its ids are checked against."""
         field = self.table_indices[argument]
         return getattr(self.config, field), field
+
+    def check_tokens(self, input_ids, inputs_embeds) -> tuple[int, int]:
+        """(b, s) of exactly one of input_ids [b, s] and inputs_embeds [b, s, h], each checked (inputs.check_tokens):
+        the tokens a forward pass reads, as ids or as their embeddings."""
+        return check_tokens(input_ids, inputs_embeds, self.get_input_embeddings().weight, self.table_size("input_ids"))
 
     def check_input_values(self, *args, **kwargs) -> None:
         """Check the values of a forward call's arguments as its forward pass does (every id within the table it
