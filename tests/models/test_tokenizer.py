@@ -179,3 +179,20 @@ def test_a_gpt2_model_tokenizes_with_its_checkpoint(tmp_path, gpt2_dir):
     with torch.no_grad():
         out = model(**batch)  # the batch goes in as it is: no token_type_ids for GPT-2
     assert out.logits.shape[:2] == (2, batch["input_ids"].shape[1])
+
+
+def test_a_checkpoint_without_tokenizer_files_gets_advice_that_works(tmp_path):
+    """No tokenizer file at all beside the weights: transformers' AutoTokenizer could not write one either. The
+    message says where a tokenizer can come from, and following it works."""
+    (tmp_path / "weights").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MINILM / name, tmp_path / "weights")
+    bare = BertModel.from_pretrained(tmp_path / "weights")
+    with pytest.raises(ValueError) as error:
+        bare.to_tokens("x")
+    message = str(error.value)
+    assert "no tokenizer files" in message and "AutoTokenizer" not in message
+    assert "model.tokenizer = scratch_models.Tokenizer.from_pretrained(" in message
+    assert "copy its tokenizer files" in message and "input_ids" in message
+    bare.tokenizer = Tokenizer.from_pretrained(MINILM)  # the checkpoint these weights came from
+    assert bare.to_tokens("x").tolist() == BertModel.from_pretrained("minilm").to_tokens("x").tolist()
