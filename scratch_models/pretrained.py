@@ -89,10 +89,15 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         (with a warning), and so do we: the model is built untied, its `config.tie_word_embeddings` is False (and
         is saved so), and `loading_info.notes` says why.
         """
-        from weight_mapping import Checkpoint, check_layer_count, load_state, open_checkpoint, tied_twins
+        from weight_mapping import Checkpoint, NotCached, check_layer_count, load_state, open_checkpoint, tied_twins
+
+        from .families import offline_advice
 
         table = cls.mapping_table
-        checkpoint = name_or_path if isinstance(name_or_path, Checkpoint) else open_checkpoint(name_or_path)
+        try:
+            checkpoint = name_or_path if isinstance(name_or_path, Checkpoint) else open_checkpoint(name_or_path)
+        except NotCached as e:  # the class knows the family: say what works for it offline
+            raise e.advised(offline_advice(cls.family)) from None
         if config is None:
             config = cls.family.config_of(checkpoint)
         elif not isinstance(config, cls.config_class):
