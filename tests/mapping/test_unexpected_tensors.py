@@ -29,8 +29,8 @@ def names(cls, config) -> set[str] | None:
 
 
 def dropping_settings() -> list:
-    """(family, class, field, value with the tensors, value without them, their checkpoint names) for each boolean
-    field of a family's config whose flip leaves tensors out of a class built either way: GPT-NeoX's attention_bias
+    """(family, class, field, the value with the tensors, their checkpoint names) for each boolean field of a
+    family's config whose flip leaves tensors out of a class built either way: GPT-NeoX's attention_bias
     today, and whatever a family registered later declares. Tied tensors (tie_word_embeddings) are no such case: a
     file may hold both of a tied pair."""
     found = []
