@@ -1,4 +1,5 @@
-"""Readable, from-scratch BERT and GPT-2 that load real Hugging Face checkpoints and can be looked inside.
+"""Readable, from-scratch PyTorch models of every registered transformer family (FAMILIES) that load real Hugging
+Face checkpoints and can be looked inside: {families}.
 
     from scratch_models import BertModel
     model = BertModel.from_pretrained("bert-base-uncased")
@@ -14,6 +15,8 @@ from .families import FAMILIES
 from .tokenizer import Tokenizer
 from weight_mapping import CheckpointError
 
+if __doc__:  # the registry's families, so the line is never stale (python -OO strips docstrings)
+    __doc__ = __doc__.replace("{families}", ", ".join(family.title for family in FAMILIES.values()))
 _exported = {cls.__name__: cls for family in FAMILIES.values() for cls in (family.config_class, *family.classes)}
 globals().update(_exported)
 

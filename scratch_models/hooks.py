@@ -181,10 +181,14 @@ class HookedModel(nn.Module):
         return args, kwargs
 
     def batch_size(self, args: tuple, kwargs: dict) -> int | None:
-        """How many sequences a call's input_ids hold (choices of an example counted apart), or None."""
-        ids = inspect.signature(self.forward).bind_partial(*args, **_forward_arguments(self, kwargs)).arguments.get(
-            "input_ids")
-        return ids.shape[:-1].numel() if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else None
+        """How many sequences a call's input_ids (or inputs_embeds) hold, choices of an example counted apart; None
+        when neither is a tensor of a batch."""
+        arguments = inspect.signature(self.forward).bind_partial(*args, **_forward_arguments(self, kwargs)).arguments
+        for name, trailing in (("input_ids", 1), ("inputs_embeds", 2)):
+            tokens = arguments.get(name)
+            if isinstance(tokens, torch.Tensor) and tokens.dim() > trailing:
+                return tokens.shape[:-trailing].numel()
+        return None
 
     # ---- TransformerLens' hooks that stay attached ----------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .hooks import HookedModel
-from .inputs import check_values
+from .inputs import check_tokens, check_values
 from .lens_compat import TransformerLensMixin
 from .tokenizer import Tokenizer
 
@@ -50,6 +50,11 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         field = self.table_indices[argument]
         return getattr(self.config, field), field
 
+    def check_tokens(self, input_ids, inputs_embeds) -> tuple[int, int]:
+        """(b, s) of exactly one of input_ids [b, s] and inputs_embeds [b, s, h], each checked (inputs.check_tokens):
+        the tokens a forward pass reads, as ids or as their embeddings."""
+        return check_tokens(input_ids, inputs_embeds, self.get_input_embeddings().weight, self.table_size("input_ids"))
+
     def check_input_values(self, *args, **kwargs) -> None:
         """Check the values of a forward call's arguments as its forward pass does (every id within the table it
         indexes, the attention mask 1 and 0): the checks a compiled graph cannot make, as they branch on values.
@@ -85,10 +90,15 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         (with a warning), and so do we: the model is built untied, its `config.tie_word_embeddings` is False (and
         is saved so), and `loading_info.notes` says why.
         """
-        from weight_mapping import Checkpoint, check_layer_count, load_state, open_checkpoint, tied_twins
+        from weight_mapping import Checkpoint, NotCached, check_layer_count, load_state, open_checkpoint, tied_twins
+
+        from .families import offline_advice
 
         table = cls.mapping_table
-        checkpoint = name_or_path if isinstance(name_or_path, Checkpoint) else open_checkpoint(name_or_path)
+        try:
+            checkpoint = name_or_path if isinstance(name_or_path, Checkpoint) else open_checkpoint(name_or_path)
+        except NotCached as e:  # the class knows the family: say what works for it offline
+            raise e.advised(offline_advice(cls.family)) from None
         if config is None:
             config = cls.family.config_of(checkpoint)
         elif not isinstance(config, cls.config_class):
@@ -103,8 +113,8 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(table, checkpoint, expected, getattr(config, table.layers_field),
-                                 model_name=cls.__name__, tied=tied, twins=twins, dtype=as_dtype(dtype),
-                                 device=device)
+                                 model_name=cls.__name__, tied=tied, twins=twins, base_names=lambda: _names_in(
+                                     cls.family.base, config), dtype=as_dtype(dtype), device=device)
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use
@@ -195,6 +205,12 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
 
     def _device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def _names_in(cls: type, config) -> list[str]:
+    """The tensor names of `cls` built from `config` (on the meta device: no memory, no init)."""
+    with torch.device("meta"), _SkipInit():
+        return list(cls(config).state_dict())
 
 
 class _SkipInit(TorchFunctionMode):

@@ -224,10 +224,15 @@ def _read(directory: Path, token_type_ids: bool | None, config_json: dict | None
     path = files.get("tokenizer.json")
     if path is None:
         found = [name for name in VOCAB_FILES if name in files]
-        has = f"only {', '.join(found)}" if found else "no tokenizer files"
-        raise NoTokenizerJson(f"{source}: no tokenizer.json ({has}); scratch_models reads tokenizer.json, the "
-                              "`tokenizers` library's file. Write one once with transformers: "
-                              "AutoTokenizer.from_pretrained(directory).save_pretrained(directory)")
+        if found:
+            raise NoTokenizerJson(f"{source}: no tokenizer.json (only {', '.join(found)}); scratch_models reads "
+                                  "tokenizer.json, the `tokenizers` library's file. Write one once with transformers: "
+                                  "AutoTokenizer.from_pretrained(directory).save_pretrained(directory)")
+        raise NoTokenizerJson(f"{source}: no tokenizer files in {directory} (no tokenizer.json, nor vocab files a "
+                              "tokenizer could be built from): the weights were saved without their tokenizer. Take "
+                              "the tokenizer of the checkpoint they were made from: copy its tokenizer files into "
+                              f"{directory}, or set model.tokenizer = scratch_models.Tokenizer.from_pretrained(that "
+                              "checkpoint). Token ids need no tokenizer: model(input_ids)")
     try:
         backend = tokenizers.Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises its own exception types for a bad file

@@ -39,6 +39,18 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be found, read, or fitted to the model; the message names the culprit."""
 
 
+class NotCached(CheckpointError):
+    """A hub checkpoint whose files are not in the local Hugging Face cache while the hub cannot be reached.
+    `repo_id` names it; `advised` adds what to use offline instead, which the callers that know the family say."""
+
+    def __init__(self, message: str, repo_id: str):
+        super().__init__(message)
+        self.repo_id = repo_id
+
+    def advised(self, advice: str) -> "NotCached":
+        return NotCached(f"{self}. {advice}", self.repo_id)
+
+
 class ConfigError(ValueError):
     """A config.json that is missing, unreadable, or describes a model we do not build."""
 
@@ -286,10 +298,10 @@ def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
     def offline_error(filename):
         why = unreachable or "the hub could not be reached"
         hint = "" if unreachable == "HF_HUB_OFFLINE is set" else "; set HF_HUB_OFFLINE=1 to skip trying the hub"
-        return CheckpointError(
+        return NotCached(
             f"{repo_id}: no such local path, and {filename} is not in the local Hugging Face cache ({_cache_dir()}) "
-            f"while {why}{hint}. Download it once with network access, give a local directory or weights file, or "
-            f"use `{EMBEDDED_NAME}`, the real BERT all-MiniLM-L6-v2 that comes with this package (offline)")
+            f"while {why}{hint}. Download it once with network access, or give a local directory or weights file",
+            repo_id)
 
     config_path = fetch("config.json")
     if config_path is None:

@@ -96,7 +96,7 @@ def lens_markdown(family, model) -> str:
         if isinstance(entry, Missing):
             ours, how = "", f"none: {entry.reason}"
         else:
-            sources = [_template(r.source, r.layer) for r in at if r.source]
+            sources = [_template(r.source, r.layer, len(model.layers)) for r in at if r.source]
             ours = ", then ".join(f"`{source}`" for source in dict.fromkeys(sources)) or "(not in every class)"
             how = entry.layout.note if isinstance(entry, Alias) else (
                 "the norm's opt-in point; a cache that did not name it computes it from the stream the norm reads")
@@ -108,10 +108,11 @@ def lens_markdown(family, model) -> str:
     return "\n".join(lines)
 
 
-def _template(name: str, layer: int | None) -> str:
-    """`layers.1.out` read at block 1 as `layers.{i}.out`, at block 1 from block 0 as `layers.{i-1}.out`."""
+def _template(name: str, layer: int | None, n_layers: int) -> str:
+    """`layers.1.out` read at block 1 as `layers.{i}.out`, at block 1 from block 0 as `layers.{i-1}.out`; read by a
+    name outside the blocks (TL's ln_final) from the last of `n_layers` as `layers.{n_layers-1}.out`."""
     if layer is None:
-        return name
+        return re.sub(rf"^layers\.{n_layers - 1}\.", "layers.{n_layers-1}.", name)
     name = re.sub(rf"^layers\.{layer}\.", "layers.{i}.", name)
     return re.sub(rf"^layers\.{layer - 1}\.", "layers.{i-1}.", name) if layer else name
 

@@ -200,3 +200,20 @@ def test_prepend_bos_adds_no_second_bos_where_the_template_adds_one(tmp_path, gp
     assert tokenizer.encode(text, add_special_tokens=False, prepend_bos=True) == plain
     gpt2 = Tokenizer.from_pretrained(gpt2_dir)
     assert not gpt2.template_adds_bos and gpt2.encode(text, prepend_bos=True) == [bos] + gpt2.encode(text)
+
+
+def test_a_checkpoint_without_tokenizer_files_gets_advice_that_works(tmp_path):
+    """No tokenizer file at all beside the weights: transformers' AutoTokenizer could not write one either. The
+    message says where a tokenizer can come from, and following it works."""
+    (tmp_path / "weights").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MINILM / name, tmp_path / "weights")
+    bare = BertModel.from_pretrained(tmp_path / "weights")
+    with pytest.raises(ValueError) as error:
+        bare.to_tokens("x")
+    message = str(error.value)
+    assert "no tokenizer files" in message and "AutoTokenizer" not in message
+    assert "model.tokenizer = scratch_models.Tokenizer.from_pretrained(" in message
+    assert "copy its tokenizer files" in message and "input_ids" in message
+    bare.tokenizer = Tokenizer.from_pretrained(MINILM)  # the checkpoint these weights came from
+    assert bare.to_tokens("x").tolist() == BertModel.from_pretrained("minilm").to_tokens("x").tolist()
