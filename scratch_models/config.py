@@ -87,23 +87,27 @@ class ModelConfig:
 
 
 def _checked(value, field: dataclasses.Field, source: str):
-    """`value` as the field's type (int, float, str, bool, or one of them `| None`), or a ConfigError naming it."""
-    kind, optional = field.type, isinstance(field.type, types.UnionType)
-    if optional:  # `int | None`: the field may be null in JSON
-        if value is None:
-            return None
-        (kind,) = (k for k in kind.__args__ if k is not type(None))
-    ok = (
-        (kind is int and isinstance(value, int) and not isinstance(value, bool))
-        or (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool))
-        or (kind is str and isinstance(value, str))
-        or (kind is bool and isinstance(value, bool))
-        or (kind is dict and isinstance(value, dict))
-    )
-    if not ok:
-        expected = f"{kind.__name__} or null" if optional else kind.__name__
-        raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {reprlib.repr(value)}")
-    return float(value) if kind is float else value
+    """`value` as the field's type (int, float, str, bool, dict, or tuple: a JSON list of ints, such as several end
+    tokens; or a union of them, `| None` where the field may be null in JSON), or a ConfigError naming it."""
+    kinds = field.type.__args__ if isinstance(field.type, types.UnionType) else (field.type,)
+    if value is None and type(None) in kinds:
+        return None
+    for kind in kinds:
+        if _is(value, kind):
+            return float(value) if kind is float else tuple(value) if kind is tuple else value
+    expected = " or ".join("null" if kind is type(None) else "a list of ints" if kind is tuple else kind.__name__
+                           for kind in kinds)
+    raise ConfigError(f"{source}: field {field.name!r} should be {expected}, got {reprlib.repr(value)}")
+
+
+def _is(value, kind) -> bool:
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    return ((kind is int and integer)
+            or (kind is float and (integer or isinstance(value, float)))
+            or (kind is str and isinstance(value, str))
+            or (kind is bool and isinstance(value, bool))
+            or (kind is dict and isinstance(value, dict))
+            or (kind is tuple and isinstance(value, list) and all(_is(item, int) for item in value)))
 
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
