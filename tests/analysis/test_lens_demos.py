@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_lens_tutorials import NAMES, PROMPT_FORMAT, SMALL, assert_same, write_gpt2
+from test_lens_tutorials import SMALL, assert_same, ioi_prompts, write_gpt2
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
 einops = pytest.importorskip("einops")
@@ -67,14 +67,8 @@ def bridge_names(model, cache: dict) -> dict:
 
 
 def ioi_setup(model):
-    """The demo's prompts, answers and tokens (copied from the Exploratory Analysis Demo)."""
-    prompts, answers, answer_tokens = [], [], []
-    for i in range(len(PROMPT_FORMAT)):
-        for j in range(2):
-            answers.append((NAMES[i][j], NAMES[i][1 - j]))
-            answer_tokens.append((model.to_single_token(answers[-1][0]), model.to_single_token(answers[-1][1])))
-            prompts.append(PROMPT_FORMAT[i].format(answers[-1][1]))
-    answer_tokens = torch.tensor(answer_tokens)
+    """The demo's prompts, answers and tokens (copied from the Exploratory Analysis Demo, as ioi_prompts is)."""
+    prompts, _, answer_tokens = ioi_prompts(model)
     tokens = model.to_tokens(prompts, prepend_bos=True)
     corrupted_prompts = []
     for i in range(0, len(prompts), 2):

@@ -14,12 +14,13 @@ import torch
 import transformers
 
 from helpers import byte_level_bpe, each_family, reference, save
+from test_lens_demos import get_cache_fwd_and_bwd  # the Attribution Patching Demo's
 from scratch_models import get_act_name
 from scratch_models.families import FAMILIES
 from weight_mapping import embedded_checkpoint
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
-from transformer_lens import ActivationCache, SVDInterpreter  # noqa: E402
+from transformer_lens import SVDInterpreter  # noqa: E402
 from transformer_lens import utilities as utils  # noqa: E402
 from transformer_lens.head_detector import detect_head  # noqa: E402
 
@@ -343,27 +344,6 @@ def test_a_filter_sees_what_the_bridge_s_filter_sees(built, family):
 
 
 # ---- the head-output attribution of the attribution-patching demo -----------------------------------------------
-
-
-def get_cache_fwd_and_bwd(model, tokens, metric):
-    """The Attribution Patching Demo's, as it stands."""
-    model.reset_hooks()
-    cache = {}
-
-    def forward_cache_hook(act, hook):
-        cache[hook.name] = act.detach()
-    model.add_hook(lambda name: True, forward_cache_hook, "fwd")
-
-    grad_cache = {}
-
-    def backward_cache_hook(act, hook):
-        grad_cache[hook.name] = act.detach()
-    model.add_hook(lambda name: True, backward_cache_hook, "bwd")
-
-    value = metric(model(tokens))
-    value.backward()
-    model.reset_hooks()
-    return value.item(), ActivationCache(cache, model), ActivationCache(grad_cache, model)
 
 
 def head_out_attr(clean_cache, corrupted_cache, corrupted_grad_cache) -> torch.Tensor:
