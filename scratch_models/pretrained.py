@@ -175,7 +175,8 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
     def to_str_tokens(self, text_or_ids, *, prepend_bos: bool | None = None,
                       padding_side: str | None = None) -> list[str] | list[list[str]]:
         """Each token of a text (as `to_tokens` would give it), or of a sequence of ids, as a string; a list per
-        text for a list of texts, and per row for ids [b, s] with b > 1."""
+        text for a list of texts, and per row for ids [b, s] with b > 1. (`padding_side` is TransformerLens'
+        argument: each text is tokenized alone, so nothing is padded.)"""
         tokenizer = self._tokenizer()
         if isinstance(text_or_ids, str):
             return tokenizer.str_tokens(tokenizer.encode(text_or_ids, prepend_bos=self._prepend_bos(prepend_bos)))

@@ -21,6 +21,7 @@ built elsewhere (the command line builds one from such files with transformers' 
 """
 
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ import torch
 from weight_mapping import TOKENIZER_FILES, Checkpoint, open_checkpoint
 
 SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+_TRUNCATING = threading.Lock()  # held while a call truncates with a tokenizer's truncating copy
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
 
 
@@ -201,11 +203,16 @@ class Tokenizer:
             raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair per text")
         inputs = texts if pairs is None else list(zip(texts, pairs))
         if truncation:
-            self.backend.enable_truncation(max_length)
-        try:
+            with _TRUNCATING:  # a copy of the pipeline of its own, so no other call is cut meanwhile
+                truncator = self.__dict__.get("_truncator")
+                if truncator is None:
+                    import tokenizers
+
+                    truncator = self._truncator = tokenizers.Tokenizer.from_str(self.backend.to_str())
+                truncator.enable_truncation(max_length)
+                encodings = truncator.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        else:
             encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        finally:
-            self.backend.no_truncation()
         rows = [self._with_bos(e.ids, prepend_bos, add_special_tokens, e.type_ids) for e in encodings]
         longest = max(len(ids) for ids, _ in rows)
         if pad_to == "none" and any(len(ids) < longest for ids, _ in rows):
