@@ -12,6 +12,7 @@ command line and the tests do.
 
 from .config import ConfigError
 from .families import FAMILIES
+from .lens_names import get_act_name
 from .tokenizer import Tokenizer
 from weight_mapping import CheckpointError
 
@@ -20,4 +21,4 @@ if __doc__:  # the registry's families, so the line is never stale (python -OO s
 _exported = {cls.__name__: cls for family in FAMILIES.values() for cls in (family.config_class, *family.classes)}
 globals().update(_exported)
 
-__all__ = sorted(["CheckpointError", "ConfigError", "FAMILIES", "Tokenizer", *_exported])
+__all__ = sorted(["CheckpointError", "ConfigError", "FAMILIES", "Tokenizer", "get_act_name", *_exported])

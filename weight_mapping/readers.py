@@ -27,6 +27,8 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # Read beside the weights when present (a hub id fetches them too), and copied by `convert`: what a tokenizer is made of.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.txt", "vocab.json", "merges.txt")
+# generate's defaults, as transformers reads them (config.json's when it is absent)
+GENERATION_CONFIG = "generation_config.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 EMBEDDED_NAME = "minilm"
 EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -117,9 +119,15 @@ class Checkpoint:
             raise CheckpointError(f"{path}: cannot read tensor {key!r}: {e}") from None
 
 
-def open_checkpoint(name_or_path) -> Checkpoint:
-    """Open a directory, a weights file (with config.json beside it), a sharded index, a hub id, or `minilm`."""
+def open_checkpoint(name_or_path, *, revision: str | None = None) -> Checkpoint:
+    """Open a directory, a weights file (with config.json beside it), a sharded index, a hub id, or `minilm`.
+    `revision`: a hub id's branch, tag or commit (Pythia's training checkpoints: "step3000"); refused for the
+    others, which have none."""
     path = Path(name_or_path).expanduser()
+    if revision is not None and (path.exists() or str(name_or_path).lower() == EMBEDDED_NAME
+                                 or not _looks_like_hub_id(str(name_or_path))):
+        raise CheckpointError(f"{name_or_path}: revision={revision!r} names a version of a hub repository, and this "
+                              "is not a hub id (a local checkpoint is the version it holds)")
     if path.is_dir():
         config_path, weights, origin = path / "config.json", _weights_in(path), f"local directory {path}"
     elif path.is_file():
@@ -128,7 +136,7 @@ def open_checkpoint(name_or_path) -> Checkpoint:
         directory = embedded_checkpoint()
         config_path, weights, origin = directory / "config.json", _weights_in(directory), _EMBEDDED_ORIGIN
     elif _looks_like_hub_id(str(name_or_path)):
-        config_path, weights, origin = _from_hub(str(name_or_path))
+        config_path, weights, origin = _from_hub(str(name_or_path), revision)
     else:
         raise CheckpointError(f"{name_or_path}: no such file or directory, and not a hub model id")
     if not config_path.is_file():
@@ -259,15 +267,16 @@ def looks_like_checkpoint(name: str) -> bool:
     return "/" in name or isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
-def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
-    """config.json and the weights of `repo_id` from the Hugging Face cache or the hub, and the tokenizer's files
-    where the repository has them; nothing else is fetched. Returns (config.json, weights, where they came from).
+def _from_hub(repo_id: str, revision: str | None = None) -> tuple[Path, Path, str]:
+    """config.json and the weights of `repo_id` (at `revision`, default the main branch) from the Hugging Face cache
+    or the hub, and the tokenizer's files and generation_config.json where the repository has them; nothing else is
+    fetched. Returns (config.json, weights, where they came from).
 
     Where the hub cannot be reached (HF_HUB_OFFLINE, or no answer within HUB_PROBE_SECONDS), only the cache is read,
     so an uncached id fails at once instead of after huggingface_hub's half a minute of retries."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, HFValidationError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+                                        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
 
     embedded = repo_id == EMBEDDED_HUB_ID  # never downloaded: the cache's copy, else the embedded one
     unreachable = ("HF_HUB_OFFLINE is set" if _env_flag("HF_HUB_OFFLINE")
@@ -278,7 +287,7 @@ def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
     def fetch(filename: str) -> Path | None:
         """`filename` from the cache or the hub; None if the repository lacks it or it is not cached offline."""
         try:
-            return Path(hf_hub_download(repo_id, filename, local_files_only=local_only))
+            return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=local_only))
         except LocalEntryNotFoundError:
             not_cached.append(filename)
             return None
@@ -289,6 +298,9 @@ def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
         except GatedRepoError:
             raise CheckpointError(f"{repo_id}: the hub model is gated; accept its terms on huggingface.co and "
                                   "log in (hf auth login)") from None
+        except RevisionNotFoundError:
+            raise CheckpointError(f"{repo_id}: the hub repository has no revision {revision!r} (a branch, tag or "
+                                  "commit)") from None
         except RepositoryNotFoundError:
             raise CheckpointError(f"{repo_id}: no such local path, and no such model on the hub (a private "
                                   "model needs a login: hf auth login)") from None
@@ -299,9 +311,9 @@ def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
         why = unreachable or "the hub could not be reached"
         hint = "" if unreachable == "HF_HUB_OFFLINE is set" else "; set HF_HUB_OFFLINE=1 to skip trying the hub"
         return NotCached(
-            f"{repo_id}: no such local path, and {filename} is not in the local Hugging Face cache ({_cache_dir()}) "
-            f"while {why}{hint}. Download it once with network access, or give a local directory or weights file",
-            repo_id)
+            f"{repo_id}{'' if revision is None else f' at revision {revision!r}'}: no such local path, and {filename} "
+            f"is not in the local Hugging Face cache ({_cache_dir()}) while {why}{hint}. Download it once with "
+            "network access, or give a local directory or weights file", repo_id)
 
     config_path = fetch("config.json")
     if config_path is None:
@@ -320,8 +332,8 @@ def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
                 if fetch(shard) is None:
                     raise offline_error(shard) if shard in not_cached else CheckpointError(
                         f"{weights}: names shard {shard!r}, which the hub repository {repo_id} lacks")
-        for tokenizer_file in TOKENIZER_FILES:  # into the same snapshot directory: found beside the weights
-            fetch(tokenizer_file)
+        for extra in (*TOKENIZER_FILES, GENERATION_CONFIG):  # into the same snapshot directory: beside the weights
+            fetch(extra)
         return config_path, weights, origin
     if not_cached:
         raise offline_error(" / ".join(not_cached))

@@ -42,7 +42,7 @@ def resolve_names(model, patterns) -> list[str]:
         if "*" in pattern:
             regex = glob(pattern)
             matched = [name for name in points if regex.fullmatch(name)] or [
-                name for name, resolved in lens.items() if resolved.offered and regex.fullmatch(name)]
+                name for name, resolved in lens.items() if model.lens_offers(resolved, points) and regex.fullmatch(name)]
             if not matched:
                 raise ValueError(_unknown_name_message(pattern, points, lens).replace(
                     "unknown hook point", "no hook point matches"))

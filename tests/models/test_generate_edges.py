@@ -79,11 +79,11 @@ def test_eos_outside_the_vocabulary_generates_to_max_new_tokens_like_transformer
 
 @pytest.fixture
 def config_eos(models, free_run, monkeypatch):
-    """The model with an end token in its config that only row 0 generates when running free."""
+    """The model with an end token in its generation config that only row 0 generates when running free."""
     reference, model = models
     ids, mask, new = free_run
     eos = only_in(new[0], new[1], new[2])
-    monkeypatch.setattr(model, "config", dataclasses.replace(model.config, eos_token_id=eos))
+    monkeypatch.setattr(model, "generation_config", dataclasses.replace(model.generation_config, eos_token_id=eos))
     return reference, model, ids, mask, new, eos
 
 
@@ -131,13 +131,15 @@ def test_a_list_of_eos_ids_stops_each_row_at_any_of_them_like_transformers(model
 
 
 def test_a_config_list_skips_end_tokens_outside_the_vocabulary(models, free_run, monkeypatch):
-    """config.eos_token_id [50256, t]: rows stop at t, and the fill is t, the first end token the model can write.
+    """generation_config.eos_token_id [50256, t]: rows stop at t, and the fill is t, the first end token the model
+    can write.
     (transformers fills with 50256 and then fails with an IndexError feeding it back; ours matches its output
     for the end token t alone.)"""
     reference, model = models
     ids, mask, new = free_run
     eos = only_in(new[1], new[0], new[2])
-    monkeypatch.setattr(model, "config", dataclasses.replace(model.config, eos_token_id=[50256, eos]))
+    monkeypatch.setattr(model, "generation_config", dataclasses.replace(model.generation_config,
+                                                                         eos_token_id=[50256, eos]))
     ours = model.generate(ids, attention_mask=mask, max_new_tokens=NEW)
     assert_same(ours, theirs(reference, ids, mask, eos_token_id=eos))
 
@@ -169,16 +171,16 @@ def test_the_configs_ids_are_checked_where_they_are_used(models, free_run, monke
     ids, mask, new = free_run
 
     def generate_with(**config):
-        monkeypatch.setattr(model, "config", dataclasses.replace(model.config, **config))
+        monkeypatch.setattr(model, "generation_config", dataclasses.replace(model.generation_config, **config))
         return model.generate(ids, attention_mask=mask, max_new_tokens=NEW)
 
     # a pad outside the vocabulary that would fill a stopped row: refused, naming it as the config's
-    with pytest.raises(ValueError, match=r"pad_token_id=100 \(the config's\) is out of range: .*; pass "
+    with pytest.raises(ValueError, match=r"pad_token_id=100 \(the generation config's\) is out of range: .*; pass "
                                          r"pad_token_id"):
         generate_with(eos_token_id=only_in(new[0], new[1], new[2]), pad_token_id=100)
     # the same pad where no row can stop (the end token 50256 never comes): never written, so not in the way
     assert torch.equal(generate_with(eos_token_id=50256, pad_token_id=100)[:, WIDTH:], new)
-    with pytest.raises(ValueError, match=r"eos_token_id=-1 \(the config's\): -1 is not a token id"):
+    with pytest.raises(ValueError, match=r"eos_token_id=-1 \(the generation config's\): -1 is not a token id"):
         generate_with(eos_token_id=-1)
 
 
