@@ -59,6 +59,9 @@ def test_sequence_labels_and_probabilities_match_transformers(tmp_path, capsys, 
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == f"{class_name}: scores, best first" and len(printed) == 3
     assert printed[1].split()[0] == result.rows[0][0]
+    if not FAMILIES[family].pairs:  # a sentence pair needs token types; only a question's context goes without
+        with pytest.raises(ValueError, match=f"--pair: {family} has no sentence pairs"):
+            classify(str(tmp_path / "head"), "What a lovely day.", pair="Or is it?")
 
 
 @pytest.mark.parametrize("family, class_name", classifiers("tokens"))
@@ -78,8 +81,10 @@ def test_token_labels_match_transformers(tmp_path, family_checkpoints, family, c
     assert [row[1] for row in result.rows] == pytest.approx(probabilities.max(-1).values.tolist(), abs=1e-6)
 
 
-@pytest.mark.parametrize("family, class_name", [case for case in classifiers("span") if FAMILIES[case[0]].pairs])
+@pytest.mark.parametrize("family, class_name", classifiers("span"))
 def test_question_answering_span_is_the_best_allowed_one(tmp_path, capsys, family_checkpoints, family, class_name):
+    """A question and its context are two segments in every family, token types or not (transformers' question
+    answering reads GPT-2's and GPT-NeoX's the same way)."""
     theirs, tokenizer = head(tmp_path / "head", family_checkpoints, family, class_name,
                              id2label={0: "LABEL_0", 1: "LABEL_1"})
     question, context = "Where did she live?", "Ada Lovelace lived in London with her mother."
