@@ -61,8 +61,14 @@ _SHOWN = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # whitespace a label shows: GPT
 
 
 def token_label(token: str, width: int = 11) -> str:
-    """A token as one short line of text: spaces shown as ␣, newlines and tabs escaped, cut to `width` characters."""
-    return _fit([_SHOWN.get(c, c) for c in token], width)
+    """A token as one short line of text: spaces shown as ␣, newlines and tabs escaped, and every other control
+    character or line separator as its Python escape (a byte-level BPE has a token for each byte: a raw vertical tab
+    or carriage return would break the line), cut to `width` characters."""
+    return _fit([_SHOWN.get(c) or _one_line(c) for c in token], width)
+
+
+def _one_line(c: str) -> str:
+    return c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
 
 
 def picture_label(token: str, width: int = 11) -> str:

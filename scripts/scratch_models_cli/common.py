@@ -137,12 +137,14 @@ def family_named_by(repo_id: str) -> Family | None:
 
 
 def encode(opened: Opened, texts: str | list[str], pairs: str | list[str] | None = None, *, names: list[str],
-           device="cpu") -> tuple[dict, list[list[str]]]:
+           device="cpu", context: bool = False) -> tuple[dict, list[list[str]]]:
     """Texts (with `pairs`: sentence pairs) as the family's forward inputs, padded on the right, on `device`, and
     each row's tokens as text. One text is a str, its pair a str or None (an empty pair is none, as transformers
     reads one text); a batch is a list. `names[i]` is how a message names text i: one that gives no tokens, or
-    more than the model has positions for, is a ValueError naming it."""
-    opened.family.check_pairs([pairs] if isinstance(pairs, str) else pairs)
+    more than the model has positions for, is a ValueError naming it. Sentence pairs need a family with token
+    types; `context`: the pairs are a question's context, a second segment every family reads."""
+    if not context:
+        opened.family.check_pairs([pairs] if isinstance(pairs, str) else pairs)
     tokenizer = opened.require_tokenizer()
     batch = tokenizer(texts, pairs, device=device)
     for name, length in zip(names, batch["attention_mask"].sum(-1).tolist()):
