@@ -28,6 +28,9 @@ Formats, as their own code writes them (facts, checked against that code):
   Its encoder reads x - b_dec, keeps the top k of relu(pre): a TopK dictionary here (the same activations). The hook
   is the folder's name, sparsify's hookpoint: a transformers module path (`layers.6`, `h.6.mlp`).
 
+`save(sae, directory)` (SAE.save_pretrained) writes SAELens 6's layout, which SAELens' `SAE.load_from_disk` reads
+(tested against it).
+
 Every tensor is checked before any work: the names the architecture needs (missing and unexpected ones named),
 each shape against cfg.json's d_in and d_sae, and every value finite (a NaN or inf weight is refused, naming the
 tensor and how many). A file that cannot be read whole is refused naming it.
@@ -57,17 +60,20 @@ def load(name_or_path, sae_id: str | None = None, *, hook_name: str | None = Non
     folded in)."""
     directory, files, source = _locate(name_or_path, sae_id)
     if files.get(GEMMA_SCOPE_PARAMS):
-        cfg, tensors = _gemma_scope(files[GEMMA_SCOPE_PARAMS], hook_name, source, sae_id)
+        weights = files[GEMMA_SCOPE_PARAMS]
+        cfg, tensors = _gemma_scope(weights, hook_name, source, sae_id)
     elif files.get(SAELENS_WEIGHTS):
-        cfg, tensors = _saelens(files[CFG], files[SAELENS_WEIGHTS], hook_name, source)
+        weights = files[SAELENS_WEIGHTS]
+        cfg, tensors = _saelens(files[CFG], weights, hook_name, source)
     elif files.get(SPARSIFY_WEIGHTS):
-        cfg, tensors = _sparsify(files[CFG], files[SPARSIFY_WEIGHTS], hook_name, source, directory)
+        weights = files[SPARSIFY_WEIGHTS]
+        cfg, tensors = _sparsify(files[CFG], weights, hook_name, source, directory)
     else:
         raise DictionaryError(f"{source}: no dictionary here; looked for {CFG} + {SAELENS_WEIGHTS} (SAELens), "
                               f"{CFG} + {SPARSIFY_WEIGHTS} (sparsify) and {GEMMA_SCOPE_PARAMS} (Gemma Scope)")
     torch_dtype = _dtype(dtype, cfg, source)
     sae = build(cfg, device="meta", dtype=torch_dtype)
-    state = _checked(sae, tensors, cfg, source)
+    state = _checked(sae, tensors, cfg, weights)
     sae.load_state_dict({name: t.to(device=device, dtype=torch_dtype) for name, t in state.items()}, assign=True)
     sae.cfg.dtype = str(torch_dtype).removeprefix("torch.")
     if cfg.normalize_activations == "expected_average_only_in":
@@ -302,30 +308,30 @@ def _dtype(dtype, cfg: SAEConfig, source: str) -> torch.dtype:
         raise DictionaryError(f"{source}: {e}") from None
 
 
-def _checked(sae: SAE, tensors: dict[str, torch.Tensor], cfg: SAEConfig, source: str) -> dict[str, torch.Tensor]:
+def _checked(sae: SAE, tensors: dict[str, torch.Tensor], cfg: SAEConfig, weights: Path) -> dict[str, torch.Tensor]:
     """The tensors, refused unless they are exactly the architecture's, of its shapes, and finite."""
-    where = cfg.source or source
     expected = sae.parameter_shapes()
     missing = [name for name in expected if name not in tensors]
     unexpected = [name for name in tensors if name not in expected]
     if missing or unexpected:
         said = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
                                            f"unexpected {', '.join(unexpected)}" if unexpected else "") if part)
-        raise DictionaryError(f"{where}: a {cfg.architecture} dictionary holds {', '.join(expected)}; these files: "
+        raise DictionaryError(f"{weights}: a {cfg.architecture} dictionary holds {', '.join(expected)}; this file: "
                               f"{said}")
     sizes = {"d_in": cfg.d_in, "d_sae": cfg.d_sae}
     for name, axes in expected.items():
         shape = tuple(sizes[axis.strip()] for axis in axes.split(","))
         if tuple(tensors[name].shape) != shape:
-            raise DictionaryError(f"{where}: {name} has shape {list(tensors[name].shape)}; d_in {cfg.d_in} and d_sae "
-                                  f"{cfg.d_sae} make it [{axes}] = {list(shape)}")
+            raise DictionaryError(f"{weights}: {name} has shape {list(tensors[name].shape)}; d_in {cfg.d_in} and "
+                                  f"d_sae {cfg.d_sae} ({cfg.source}) make it [{axes}] = {list(shape)}")
         if not tensors[name].is_floating_point():
-            raise DictionaryError(f"{where}: {name} holds {tensors[name].dtype}, not floating-point numbers")
-        bad = ~torch.isfinite(tensors[name])
-        if bool(bad.any()):
-            first = [int(i) for i in bad.nonzero()[0]]
-            raise DictionaryError(f"{where}: {name} holds {int(bad.sum())} NaN or infinite values (the first at "
-                                  f"{first}): a dictionary with them would silently corrupt every activation")
+            raise DictionaryError(f"{weights}: {name} holds {tensors[name].dtype}, not floating-point numbers")
+    bad = {name: ~torch.isfinite(t) for name, t in tensors.items() if name in expected}
+    named = [f"{name} {int(mask.sum())} (the first at {[int(i) for i in mask.nonzero()[0]]})"
+             for name, mask in bad.items() if bool(mask.any())]
+    if named:
+        raise DictionaryError(f"{weights}: NaN or infinite values in {'; '.join(named)}: a dictionary with them "
+                              "would silently corrupt every activation it touches")
     return {name: tensors[name] for name in expected}
 
 
@@ -343,3 +349,34 @@ def _fold_scaling_factor(sae: SAE, factor: float | None, source: str) -> None:
         sae.W_dec.div_(factor)
         sae.b_dec.div_(factor)
     sae.cfg.normalize_activations = "none"
+
+
+# ---- writing -------------------------------------------------------------------------------------------------------
+
+SAVED_VERSION = "6.0.0"  # the SAELens cfg.json layout written: its metadata block, read as such from 6.0 on
+
+
+def save(sae: SAE, directory) -> list[Path]:
+    """Write `sae` as SAELens 6 saves one (`SAE.save_model`): cfg.json (its SAEConfig.to_dict(): d_in, d_sae, dtype,
+    device, apply_b_dec_to_input, normalize_activations, reshape_activations, metadata, architecture, and k and
+    rescale_acts_by_decoder_norm for topk) and sae_weights.safetensors. Files are written beside the target and
+    moved in complete. Returns the two files."""
+    from safetensors.torch import save_file
+
+    from weight_mapping import staged
+
+    cfg = sae.cfg
+    raw = {"d_in": cfg.d_in, "d_sae": cfg.d_sae, "dtype": str(sae.dtype).removeprefix("torch."), "device": "cpu",
+           "apply_b_dec_to_input": cfg.apply_b_dec_to_input, "normalize_activations": cfg.normalize_activations,
+           "reshape_activations": "hook_z" if cfg.hook_name.endswith("hook_z") else "none",
+           "metadata": {**cfg.metadata, "hook_name": cfg.hook_name, "sae_lens_version": SAVED_VERSION,
+                        "written_by": "scratch-models"},
+           "architecture": sae.architecture}
+    if sae.architecture == "topk":
+        raw |= {"k": cfg.k, "rescale_acts_by_decoder_norm": cfg.rescale_acts_by_decoder_norm}
+    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in sae.state_dict().items()}
+    with staged(directory) as staging:
+        (staging / CFG).write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(staging / SAELENS_WEIGHTS))
+    directory = Path(directory).expanduser().resolve()
+    return [directory / CFG, directory / SAELENS_WEIGHTS]

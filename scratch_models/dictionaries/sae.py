@@ -108,6 +108,12 @@ class SAE(nn.Module):
 
         return load(name_or_path, sae_id, **options)
 
+    def save_pretrained(self, directory) -> list:
+        """Write cfg.json and sae_weights.safetensors as SAELens 6 saves them (loading.save), for SAELens and us."""
+        from .loading import save
+
+        return save(self, directory)
+
     @property
     def dtype(self) -> torch.dtype:
         return self.W_enc.dtype

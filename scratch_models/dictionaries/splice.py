@@ -113,11 +113,11 @@ class Splice(nn.Module):
     submodule: the model's parameters and state_dict stay its own, and moving the model leaves the dictionary where
     it is."""
 
-    def __init__(self, sae: SAE, site: Site, lead: tuple[str, ...], trailing: int, error_term: bool):
+    def __init__(self, sae: SAE, site: Site, lead: tuple[str, ...], widths: tuple[int, ...], error_term: bool):
         super().__init__()
         self.__dict__["sae"] = sae
         self.site, self.error_term = site, error_term
-        self.trailing = trailing  # axes of the site's tensor (as the dictionary reads it) that make one input vector
+        self.widths = widths  # the last axes of the site's tensor (as the dictionary reads it): one input vector
         lead = ", ".join(lead)
         self.input = HookPoint(f"{lead}, i", "what the dictionary reads (i = its d_in), in its dtype",
                                lens=LENS_SUFFIXES["input"])
@@ -157,14 +157,14 @@ class Splice(nn.Module):
         return self._write(total, x)
 
     def _read(self, x: torch.Tensor) -> torch.Tensor:
-        """The site's tensor as the dictionary reads it: in the layout it named, its last `trailing` axes one."""
+        """The site's tensor as the dictionary reads it: in the layout it named, its last axes (`widths`) one."""
         shown = self.site.layout.show(x, None)
-        return shown.flatten(-self.trailing) if self.trailing > 1 else shown
+        return shown.flatten(-len(self.widths)) if len(self.widths) > 1 else shown
 
     def _write(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`y` [..., d_in] back in the layout and dtype of the site's tensor `x`."""
-        if self.trailing > 1:
-            y = y.unflatten(-1, self.site.layout.show(x, None).shape[-self.trailing:])
+        if len(self.widths) > 1:
+            y = y.unflatten(-1, self.widths)
         return self.site.layout.take(y, x).to(x.dtype)
 
     def lens_names(self, resolved: Resolved) -> dict[str, Resolved]:
@@ -176,11 +176,28 @@ class Splice(nn.Module):
             return names
         for point, suffix in LENS_SUFFIXES.items():
             name, ours = f"{resolved.name}.{suffix}", f"{resolved.source}.sae.{point}"
-            names[name] = Resolved(name, Alias(ours), ours, resolved.layer)
+            # SAELens' hook_sae_error of a hook_z dictionary has the heads apart again, as the output
+            layout = _Unflattened(self.widths) if point == "error" and len(self.widths) > 1 else SAME
+            names[name] = Resolved(name, Alias(ours, layout), ours, resolved.layer)
         return names
 
     def extra_repr(self) -> str:
         return f"{self.sae.architecture} d_sae={self.sae.cfg.d_sae} at {self.site.given}, error_term={self.error_term}"
+
+
+class _Unflattened(Layout):
+    """TL's view of a flat [.., i] tensor with its last axis split into `widths` (a hook_z dictionary's heads)."""
+
+    note = "the last axis split per head"
+
+    def __init__(self, widths: tuple[int, ...]):
+        self.widths = widths
+
+    def show(self, x, batch):
+        return x.unflatten(-1, self.widths)
+
+    def take(self, y, x):
+        return y.flatten(-len(self.widths))
 
 
 class _Tracked:
@@ -234,12 +251,12 @@ class DictionaryMixin:
         if not isinstance(sae, SAE):
             raise TypeError(f"attach takes a scratch_models.dictionaries.SAE, got {type(sae).__name__}")
         site = resolve_hook(self, sae.cfg.hook_name, _described(sae))
-        lead, trailing = _check_width(self, sae, site)
+        lead, widths = _check_width(self, sae, site)
         point = self.hook_points()[site.name]
         if isinstance(point.spliced, Splice):
             logger.warning("replacing the dictionary at %s (%s) with %s", site.name, _described(point.spliced.sae),
                            _described(sae))
-        point.splice(Splice(sae, site, lead, trailing, error_term))
+        point.splice(Splice(sae, site, lead, widths, error_term))
         self.splices_changed()
         return site.name
 
@@ -335,9 +352,9 @@ def _described(sae: SAE) -> str:
     return f"the dictionary {sae.cfg.source or ''}".rstrip() + f" ({sae.architecture}, d_in {sae.cfg.d_in})"
 
 
-def _check_width(model, sae: SAE, site: Site) -> tuple[tuple[str, ...], int]:
-    """(the axes before the input vector, how many trailing axes make it) of the site's tensor as the dictionary
-    reads it; refused unless those axes hold d_in numbers. The widths come from one forward pass on two tokens,
+def _check_width(model, sae: SAE, site: Site) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(the axes before the input vector, the sizes of the last axes that make it) of the site's tensor as the
+    dictionary reads it; refused unless those hold d_in numbers. The widths come from one forward pass on two tokens,
     once per hook point."""
     point = model.hook_points()[site.name]
     dims = list(point.dims)
@@ -359,7 +376,7 @@ def _check_width(model, sae: SAE, site: Site) -> tuple[tuple[str, ...], int]:
         raise DictionaryError(f"{_described(sae)} reads {site.given} with d_in {sae.cfg.d_in}; this "
                               f"{type(model).__name__}'s {site.name} holds {width} numbers per token "
                               f"({' x '.join(map(str, trailing_shape)) or 1}): a dictionary for another model size")
-    return tuple(dims[:token + 1]), max(1, len(trailing_shape))
+    return tuple(dims[:token + 1]), tuple(trailing_shape) or (1,)
 
 
 def _probe(model, site: Site) -> tuple[int, ...]:
