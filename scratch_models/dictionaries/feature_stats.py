@@ -12,8 +12,12 @@ Per feature of a dictionary of d_sae features:
 
 All of it merges: two FeatureStats over disjoint parts of a corpus make, merged, the FeatureStats of the whole (the
 sums add, the kept examples are re-chosen by the same order), which is how a resumed run and the ranks of torchrun
-combine their parts. Memory: d_sae x (BINS + (top_k + samples) x (context x 8 + 40)) bytes; 16384 features with the
-defaults take about 130 MB.
+combine their parts. Memory: d_sae x (BINS x 8 + (top_k + samples) x (context x 8 + 48)) bytes, and the entries
+waiting to be sorted in (at most PENDING, with their windows); 16384 features with the defaults take about 180 MB.
+
+Fast enough to keep up with the forward passes: each batch's firings are counted at once, and those that may enter
+the top or the sample (their key passes the feature's threshold as it stands) have their context read while the
+batch is there and wait in a buffer; the buffer is sorted into the kept rows PENDING entries at a time.
 """
 
 import torch
@@ -22,6 +26,7 @@ BINS_PER_OCTAVE = 8
 LOWEST, HIGHEST = -16, 16  # log2 of the histogram's range
 BINS = (HIGHEST - LOWEST) * BINS_PER_OCTAVE + 2  # with the two end bins
 _MASK = 0x7FFFFFFF
+PENDING = 1 << 20  # entries waiting to be sorted into the kept examples
 
 
 def bin_of(values: torch.Tensor) -> torch.Tensor:
@@ -78,21 +83,18 @@ class Windows:
             self.ids = torch.cat([self.ids, torch.full((grown - len(self.ids), self.ids.shape[1]), -1,
                                                        dtype=torch.int32)])
             self.acts = torch.cat([self.acts, torch.zeros(grown - len(self.acts), self.acts.shape[1])])
-        slots = torch.arange(self.used, self.used + count)
-        self.ids[slots], self.acts[slots] = ids.to(torch.int32), acts.float()
+        self.ids[self.used:self.used + count], self.acts[self.used:self.used + count] = ids, acts
         self.used += count
-        return slots
+        return torch.arange(self.used - count, self.used)
 
     def compact(self, keeps: list["Keep"]) -> None:
-        """Keep only the windows `keeps` point to, renumbered in their order."""
-        live = [keep.slot[keep.key >= 0] for keep in keeps]
-        order = torch.cat(live)
-        self.ids, self.acts = self.ids[order].clone(), self.acts[order].clone()
-        self.used = len(order)
-        start = 0
-        for keep, slots in zip(keeps, live):
-            keep.slot[keep.key >= 0] = torch.arange(start, start + len(slots))
-            start += len(slots)
+        """Keep only the windows `keeps` point to (two may point to one), renumbered in order."""
+        live = torch.unique(torch.cat([keep.slot[keep.key >= 0] for keep in keeps]))
+        self.ids, self.acts = self.ids[live], self.acts[live]
+        self.used = len(live)
+        for keep in keeps:
+            filled = keep.key >= 0
+            keep.slot[filled] = torch.searchsorted(live, keep.slot[filled])
 
 
 class Keep:
@@ -116,8 +118,8 @@ class Keep:
 
     def update(self, features: torch.Tensor, key: torch.Tensor, token: torch.Tensor, payload) -> None:
         """Offer entries (feature, key, token) [n] each, keys distinct within a feature; `payload(chosen)` gives the
-        value, document, position, ids and acts (the window) of the offered entries at indices `chosen` (asked only
-        for those kept).
+        value, document, position and window slot of the offered entries at indices `chosen` (asked only for those
+        kept).
 
         Each row stays sorted: an offered entry's place is the number of kept entries of its feature whose key is
         larger plus the number of offered ones whose key is larger; a kept entry moves down by the offered entries
@@ -144,9 +146,7 @@ class Keep:
         flat_old, flat_new = (base + torch.arange(size))[stays], (base + moved)[stays]
         taken = place < size
         given = payload(passing[taken])
-        offered = {"key": key[taken], "token": token[taken], "value": given["value"],
-                   "document": given["document"], "position": given["position"],
-                   "slot": self.windows.add(given["ids"], given["acts"])}
+        offered = {"key": key[taken], "token": token[taken], **given}
         flat_offered = row[taken] * size + place[taken]
         for name in self.FIELDS:
             whole = getattr(self, name)
@@ -157,7 +157,7 @@ class Keep:
             whole.index_copy_(0, touched, result.view(len(touched), size))
 
     def merge(self, other: "Keep") -> None:
-        """Offer every entry `other` holds."""
+        """Offer every entry `other` holds (their windows copied in)."""
         rows, slots = (other.key >= 0).nonzero(as_tuple=True)
 
         def payload(chosen):
@@ -165,7 +165,7 @@ class Keep:
             return {"value": other.value[rows[chosen], slots[chosen]],
                     "document": other.document[rows[chosen], slots[chosen]],
                     "position": other.position[rows[chosen], slots[chosen]],
-                    "ids": other.windows.ids[at], "acts": other.windows.acts[at]}
+                    "slot": self.windows.add(other.windows.ids[at], other.windows.acts[at])}
 
         self.update(rows, other.key[rows, slots], other.token[rows, slots], payload)
 
@@ -193,6 +193,8 @@ class FeatureStats:
         self.windows = Windows(before + 1 + after)
         self.top = Keep(features, top_k, self.windows)
         self.sample = Keep(features, samples, self.windows)
+        self.pending: list[dict] = []  # entries that may enter the top or the sample, with their windows stored
+        self.waiting = 0
 
     def add(self, acts: torch.Tensor, batch: "BatchPlaces") -> None:
         """Count the feature activations `acts` [rows, features] (on any device) of one forward batch; `batch` says
@@ -207,34 +209,51 @@ class FeatureStats:
         self.total.index_add_(0, features, values.double())
         self.hist.view(-1).index_add_(0, features * BINS + bin_of(values), torch.ones_like(features))
         token = batch.token[rows]
+        top, sample = top_key(values, token), sample_order(token, features)
+        to_top, to_sample = top > self.top.threshold()[features], sample > self.sample.threshold()[features]
+        chosen = (to_top | to_sample).nonzero().squeeze(1)
+        if not len(chosen):
+            return
+        ids, window = batch.window(acts, rows[chosen], features[chosen], self.before, self.after)
+        self.pending.append({"feature": features[chosen], "token": token[chosen], "value": values[chosen],
+                             "document": batch.document[rows[chosen]], "position": batch.position[rows[chosen]],
+                             "slot": self.windows.add(ids, window), "top": top[chosen], "sample": sample[chosen],
+                             "to_top": to_top[chosen], "to_sample": to_sample[chosen]})
+        self.waiting += len(chosen)
+        if self.waiting >= PENDING:
+            self.flush()
 
-        def payload(chosen):
-            return batch.payload(acts, rows[chosen], features[chosen], values[chosen], self.before, self.after)
-
-        self.top.update(features, top_key(values, token), token, payload)
-        self.sample.update(features, sample_order(token, features), token, payload)
-        self._tidy()
-
-    def _tidy(self) -> None:
-        """Compact the windows once most of them are no longer pointed to."""
-        live = int((self.top.key >= 0).sum() + (self.sample.key >= 0).sum())
-        if self.windows.used > 2 * live + (1 << 16):
-            self.windows.compact([self.top, self.sample])
+    def flush(self) -> None:
+        """Sort the waiting entries into the top and the sample; drop the windows no one points to any more."""
+        if not self.pending:
+            return
+        entries = {name: torch.cat([p[name] for p in self.pending]) for name in self.pending[0]}
+        self.pending, self.waiting = [], 0
+        for keep, key, offered in ((self.top, entries["top"], entries["to_top"]),
+                                   (self.sample, entries["sample"], entries["to_sample"])):
+            at = offered.nonzero().squeeze(1)
+            keep.update(entries["feature"][at], key[at], entries["token"][at],
+                        lambda chosen, at=at: {name: entries[name][at[chosen]]
+                                               for name in ("value", "document", "position", "slot")})
+        self.windows.compact([self.top, self.sample])
 
     def merge(self, other: "FeatureStats") -> None:
+        self.flush()
+        other.flush()
         self.tokens += other.tokens
         self.fired += other.fired
         self.total += other.total
         self.hist += other.hist
         self.top.merge(other.top)
         self.sample.merge(other.sample)
-        self._tidy()
+        self.windows.compact([self.top, self.sample])
 
     def state(self) -> dict:
-        self.windows.compact([self.top, self.sample])
+        self.flush()
         return {"features": self.features, "before": self.before, "after": self.after, "tokens": self.tokens,
                 "fired": self.fired, "total": self.total, "hist": self.hist, "top": self.top.state(),
-                "sample": self.sample.state(), "window_ids": self.windows.ids, "window_acts": self.windows.acts}
+                "sample": self.sample.state(), "window_ids": self.windows.ids[:self.windows.used],
+                "window_acts": self.windows.acts[:self.windows.used]}
 
     @classmethod
     def from_state(cls, state: dict) -> "FeatureStats":
@@ -251,6 +270,7 @@ class FeatureStats:
     def quantiles(self, q: torch.Tensor) -> torch.Tensor:
         """[features, len(q)] the q-quantiles of each feature's activations where it fires, read from the
         histogram (within a bin, geometrically; NaN for a feature that never fires)."""
+        self.flush()
         edges = bin_edges()
         cumulative = self.hist.cumsum(1).double()
         wanted = q.double()[None, :] * self.fired.double()[:, None]  # [f, q] how many below
@@ -277,18 +297,15 @@ class BatchPlaces:
         self.token, self.document, self.position = token, document, position
         self.ids, self.row_at, self.sequence, self.at = ids, row_at, sequence, at
 
-    def payload(self, acts: torch.Tensor, rows, features, values, before: int, after: int) -> dict:
-        """Keep's payload for entries (row, feature): the value, document, position, and the window of token ids
-        and the feature's activations around the row (ids -1 and activations 0 outside its sequence; NaN where a
-        token has no row, as a dropped special token)."""
-        offsets = torch.arange(-before, after + 1)
-        places = self.at[rows][:, None] + offsets
-        sequence = self.sequence[rows][:, None].expand_as(places)
-        inside = (places >= 0) & (places < self.ids.shape[1])
-        clamped = places.clamp(0, self.ids.shape[1] - 1)
-        ids = torch.where(inside, self.ids[sequence, clamped], -1)
-        row = torch.where(inside, self.row_at[sequence, clamped], -1)
-        read = acts[row.clamp(min=0).to(acts.device), features[:, None].expand_as(row).to(acts.device)].float().cpu()
-        window = torch.where(row >= 0, read, torch.where(ids >= 0, float("nan"), 0.0))
-        return {"value": values, "document": self.document[rows], "position": self.position[rows], "ids": ids,
-                "acts": window}
+    def window(self, acts: torch.Tensor, rows, features, before: int, after: int):
+        """The context of entries (row, feature): the token ids [n, before + 1 + after] around each row (-1 outside
+        its sequence) and the feature's activation on each (0 outside; NaN where a token has no row, as a dropped
+        special token). Read with flat indices (torch.take), the cheapest gather."""
+        width = self.ids.shape[1]
+        places = self.at[rows][:, None] + torch.arange(-before, after + 1)
+        inside = (places >= 0) & (places < width)
+        flat_places = self.sequence[rows][:, None] * width + places.clamp(0, width - 1)
+        ids = torch.where(inside, torch.take(self.ids, flat_places), -1)
+        row = torch.where(inside, torch.take(self.row_at, flat_places), -1)
+        read = torch.take(acts, (row.clamp(min=0) * acts.shape[1] + features[:, None]).to(acts.device)).float().cpu()
+        return ids, torch.where(row >= 0, read, torch.where(ids >= 0, float("nan"), 0.0))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .feature_stats import BatchPlaces, FeatureStats, bin_edges
+from .feature_stats import BINS, BatchPlaces, FeatureStats, bin_edges
 from .sae import SAE, DictionaryError
 from ..lens_names import SAME
 from .splice import _check_width, resolve_hook
@@ -366,68 +366,61 @@ def logit_effects(model, sae: SAE, site) -> tuple[tuple[torch.Tensor, ...] | Non
 
 
 class FeatureReport:
-    """The finished statistics of every feature, as the dataset and the pages read them."""
+    """The finished statistics of every feature, read a chunk of features at a time (`chunks`), columnar: what the
+    dataset stores and the pages show."""
+
+    CHUNK = 1024  # features per chunk: bounds the memory the outputs take
 
     def __init__(self, stats: FeatureStats, sae: SAE, site, plan, effects, effects_reason: str):
+        stats.flush()
         self.stats, self.sae, self.site, self.effects, self.effects_reason = stats, sae, site, effects, effects_reason
         self.tokenizer = plan.tokenizer
         self.source = str(getattr(plan.tokenizer, "source", "") or "")
+        self.quantile_levels = list(QUANTILES)
         self.quantiles = stats.quantiles(torch.tensor(QUANTILES))
         self.mean = stats.total / stats.fired.clamp(min=1)
         self.frequency = stats.fired.double() / max(stats.tokens, 1)
-        self.quantile_levels = list(QUANTILES)
+        self.max = torch.where(stats.fired > 0, stats.top.value[:, 0], 0.0)
         self.edges = bin_edges().tolist()  # what hist_start and hist_counts index
+        filled = stats.hist > 0
+        self.hist_start = filled.int().argmax(1)
+        self.hist_end = torch.where(filled.any(1), BINS - filled.flip(1).int().argmax(1), self.hist_start)
         self._strings: dict[int, str] = {}
 
     def strings(self, ids) -> list[str]:
-        """Each token id as text (the tokenizer's, each id alone; "[id]" without one); -1 as ""."""
-        ids = [int(i) for i in ids]
-        missing = sorted({i for i in ids if i >= 0 and i not in self._strings})
+        """Each token id as text (the tokenizer's, each id alone; "[id]" without one)."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
+        missing = sorted({i for i in ids if i not in self._strings})
         if missing:
             texts = self.tokenizer.str_tokens(missing) if self.tokenizer is not None else [f"[{i}]" for i in missing]
             self._strings.update(zip(missing, texts))
-        return [self._strings[i] if i >= 0 else "" for i in ids]
+        return [self._strings[i] for i in ids]
 
-    def histogram(self, feature: int) -> tuple[int, list[int]]:
-        """(the first non-empty bin, the counts from there to the last non-empty one)."""
-        counts = self.stats.hist[feature]
-        filled = counts.nonzero().flatten()
-        if not len(filled):
-            return 0, []
-        return int(filled[0]), counts[filled[0]:filled[-1] + 1].tolist()
-
-    def examples(self, keep, feature: int) -> list[dict]:
-        """The examples `keep` holds for `feature`, largest activation first (the sample: by value, with its band)."""
-        filled = keep.token[feature] >= 0
-        order = keep.value[feature][filled].argsort(descending=True)
-        found = []
-        for index in filled.nonzero().flatten()[order].tolist():
-            ids, acts = keep.window(feature, index)
-            found.append({"value": float(keep.value[feature, index]), "document": int(keep.document[feature, index]),
-                          "position": int(keep.position[feature, index]), "ids": ids,
-                          "acts": [None if a != a else a for a in acts]})
-        return found
-
-    def row(self, feature: int) -> dict:
-        """One feature as the dataset stores it."""
-        start, counts = self.histogram(feature)
-        top = self.examples(self.stats.top, feature)
-        sample = self.examples(self.stats.sample, feature)
-        bands = _bands(len(sample))
-        row = {"feature": feature, "fired": int(self.stats.fired[feature]),
-               "frequency": float(self.frequency[feature]), "max": float(self.stats.top.value[feature, 0]),
-               "mean": float(self.mean[feature]), "quantiles": [_finite(q) for q in self.quantiles[feature].tolist()],
-               "hist_start": start, "hist_counts": counts}
-        for prefix, examples in (("top", top), ("sample", sample)):
-            for field in ("value", "document", "position", "ids", "acts"):
-                row[f"{prefix}_{field}"] = [example[field] for example in examples]
-        row["sample_band"] = bands
-        effects = [values[feature].tolist() for values in self.effects] if self.effects else [[], [], [], []]
-        row |= dict(zip(("logit_top_ids", "logit_top_values", "logit_bottom_ids", "logit_bottom_values"), effects))
-        return row
+    def chunks(self):
+        """Per CHUNK features, a dict of tensors: the counts, and for "top" and "sample" the examples of each feature
+        in the order shown (largest activation first) with a mask of those that exist, their windows, and for the
+        sample the quantile band of each (0 the lowest quarter of its firings)."""
+        stats = self.stats
+        for start in range(0, self.sae.cfg.d_sae, self.CHUNK):
+            part = slice(start, min(start + self.CHUNK, self.sae.cfg.d_sae))
+            chunk = {"feature": torch.arange(part.start, part.stop)}
+            for name, keep in (("top", stats.top), ("sample", stats.sample)):
+                filled = keep.key[part] >= 0
+                order = torch.argsort(torch.where(filled, keep.value[part], -1.0), dim=1, descending=True,
+                                      stable=True)
+                slot = keep.slot[part].gather(1, order)
+                shown = filled.gather(1, order)
+                chunk[name] = {"filled": shown, "value": keep.value[part].gather(1, order),
+                               "document": keep.document[part].gather(1, order),
+                               "position": keep.position[part].gather(1, order),
+                               "ids": stats.windows.ids[slot.clamp(min=0)], "acts": stats.windows.acts[slot.clamp(min=0)]}
+            count = chunk["sample"]["filled"].sum(1, keepdim=True)
+            rank = torch.arange(chunk["sample"]["filled"].shape[1])[None]
+            chunk["sample"]["band"] = (3 - (rank * 4) // count.clamp(min=1)).to(torch.int8)
+            yield part, chunk
 
     def write(self, out: Path, pages: bool) -> "datasets.Dataset":  # noqa: F821
-        """The dataset (out/dataset) and, with `pages`, the pages: one pass over the features, a row at a time."""
+        """The dataset (out/dataset) and, with `pages`, the pages: one pass over the features, a chunk at a time."""
         import shutil
 
         from datasets.arrow_writer import ArrowWriter
@@ -441,22 +434,61 @@ class FeatureReport:
         if pages:
             shutil.rmtree(out / "features", ignore_errors=True)
             feature_pages.write_assets(out)
-        writer = ArrowWriter(features=dataset_features(), path=str(directory / "data-00000.arrow"))
-        batch, index = [], []
-        for feature in range(self.sae.cfg.d_sae):
-            row = self.row(feature)
-            batch.append(row)
+        schema = dataset_features()
+        writer = ArrowWriter(features=schema, path=str(directory / "data-00000.arrow"))
+        index = []
+        for part, chunk in self.chunks():
+            writer.write_table(self._table(part, chunk, schema))
             if pages:
-                feature_pages.write_feature(out, self, row)
-                index.append(feature_pages.index_row(self, row))
-            if len(batch) == 512 or feature == self.sae.cfg.d_sae - 1:
-                writer.write_batch({name: [row[name] for row in batch] for name in dataset_features()})
-                batch = []
+                for i in range(len(chunk["feature"])):
+                    page = feature_pages.feature_data(self, part.start + i, chunk, i)
+                    feature_pages.write_feature(out, self, page)
+                    index.append(feature_pages.index_row(self, page))
         writer.finalize()
         writer.close()
         if pages:
             feature_pages.write_index(out, self, index)
-        return finish(directory, 1, dataset_features())
+        return finish(directory, 1, schema)
+
+    def _table(self, part: slice, chunk: dict, schema):
+        """The dataset's rows of one chunk, as a pyarrow table built from the tensors' buffers."""
+        import pyarrow as pa
+
+        columns = {"feature": chunk["feature"].numpy(), "fired": self.stats.fired[part].numpy(),
+                   "frequency": self.frequency[part].numpy(), "max": self.max[part].numpy(),
+                   "mean": self.mean[part].numpy(),
+                   "quantiles": _lists(self.quantiles[part], torch.ones_like(self.quantiles[part], dtype=torch.bool)),
+                   "hist_start": self.hist_start[part].int().numpy()}
+        width = torch.arange(BINS)[None]
+        in_range = (width >= self.hist_start[part, None]) & (width < self.hist_end[part, None])
+        columns["hist_counts"] = _lists(self.stats.hist[part], in_range)
+        for name in ("top", "sample"):
+            examples = chunk[name]
+            for field in ("value", "document", "position"):
+                columns[f"{name}_{field}"] = _lists(examples[field], examples["filled"])
+            for field in ("ids", "acts"):
+                columns[f"{name}_{field}"] = _lists(examples[field], examples["filled"])
+        columns["sample_band"] = _lists(chunk["sample"]["band"], chunk["sample"]["filled"])
+        effects = self.effects or tuple(torch.zeros(len(chunk["feature"]), 0) for _ in range(4))
+        every = torch.ones(len(chunk["feature"]), effects[0].shape[1], dtype=torch.bool)
+        for name, values in zip(("logit_top_ids", "logit_top_values", "logit_bottom_ids", "logit_bottom_values"),
+                                effects):
+            columns[name] = _lists(values[part] if self.effects else values, every)
+        return pa.table({name: columns[name] for name in schema}).cast(schema.arrow_schema)
+
+
+def _lists(values: torch.Tensor, keep: torch.Tensor):
+    """A pyarrow list column: row r holds values[r][keep[r]] (each a vector where `values` has a third axis)."""
+    import pyarrow as pa
+
+    counts = keep.sum(1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).int().numpy()
+    chosen = values[keep]
+    flat = pa.array(chosen.flatten().numpy())
+    if chosen.dim() > 1:  # each kept entry a vector of chosen.shape[1]: an inner list
+        flat = pa.ListArray.from_arrays(pa.array(torch.arange(0, chosen.numel() + 1, chosen.shape[1]).int().numpy()),
+                                        flat)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat)
 
 
 def dataset_features():
@@ -474,15 +506,6 @@ def dataset_features():
         "quantiles": datasets.List(datasets.Value("float64")), "hist_start": datasets.Value("int32"),
         "hist_counts": ints, **examples, "sample_band": datasets.List(datasets.Value("int8")),
         "logit_top_ids": ints, "logit_top_values": floats, "logit_bottom_ids": ints, "logit_bottom_values": floats})
-
-
-def _bands(count: int, bands: int = 4) -> list[int]:
-    """The quantile band (0 the lowest) of each of `count` sample examples sorted largest first."""
-    return [bands - 1 - (index * bands) // max(count, 1) for index in range(count)]
-
-
-def _finite(value: float) -> float | None:
-    return value if value == value else None
 
 
 def _write_json(path: Path, value) -> None:

@@ -6,18 +6,66 @@
     out/assets/features.{js,css}   shared by them (package data in static/, copied once)
 
 The markup, style and script are package data (static/features_index.html, feature.html, features.js,
-features.css); this module fills in each page's data as JSON. The pages load only each other and their assets, by
-relative paths, so the directory opens offline wherever it is copied.
+features.css); this module fills in each page's data as JSON. A page's examples travel packed: the token strings
+it shows once each (`strings`), and per example set the windows' indices into them (int32, -1 outside the
+sequence) and activations (float32, NaN where a token has none) as base64, row-major, little-endian, which the
+script unpacks. The pages load only each other and their assets, by relative paths, so the directory opens
+offline wherever it is copied.
 """
 
+import base64
 import html
+import math
 import re
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from .display import page_file, script_json, write_atomically
 
 PAGE_ROWS = 100  # rows of the index shown at first, and added by "show more"
-INDEX_TOKENS = 6  # distinct tokens of the top examples (and of the logit effects) in an index row
+INDEX_TOKENS = 6  # tokens it raises most, in an index row
+BAND_NAMES = {3: "the top quarter of its firings", 2: "the second quarter", 1: "the third quarter",
+              0: "the lowest quarter"}
+
+
+def feature_data(report, feature: int, chunk: dict, i: int) -> dict:
+    """What feature `feature`'s page shows: row `i` of `chunk` (FeatureReport.chunks) and the report's counts."""
+    stats = report.stats
+    start, end = int(report.hist_start[feature]), int(report.hist_end[feature])
+    examples = {name: {field: chunk[name][field][i][chunk[name]["filled"][i]] for field in chunk[name]
+                       if field != "filled"} for name in ("top", "sample")}
+    ids = torch.cat([examples[name]["ids"].flatten() for name in examples])
+    shown = torch.unique(ids[ids >= 0])
+    data = {"feature": feature, "tokens": stats.tokens, "fired": int(stats.fired[feature]),
+            "frequency": float(report.frequency[feature]), "max": float(report.max[feature]),
+            "mean": float(report.mean[feature]),
+            "quantiles": [[q, _number(v)] for q, v in zip(report.quantile_levels, report.quantiles[feature].tolist())],
+            "hist": {"edges": [_number(e) for e in report.edges[start:end + 1]],
+                     "counts": stats.hist[feature, start:end].tolist()},
+            "logits": _logits(report, feature), "before": stats.before, "width": stats.before + 1 + stats.after,
+            "strings": report.strings(shown), "previous": feature - 1 if feature else None,
+            "next": feature + 1 if feature + 1 < report.sae.cfg.d_sae else None}
+    for name, found in examples.items():
+        where = torch.searchsorted(shown, found["ids"].clamp(min=0).long()).int()
+        data[name] = {"value": found["value"].tolist(), "document": found["document"].tolist(),
+                      "position": found["position"].tolist(),
+                      "tokens": _packed(torch.where(found["ids"] >= 0, where, -1), "<i4"),
+                      "acts": _packed(found["acts"], "<f4")}
+    data["sample"]["band"] = examples["sample"]["band"].tolist()
+    data["bands"] = {str(band): name for band, name in BAND_NAMES.items()}
+    return data
+
+
+def index_row(report, page: dict) -> list:
+    """A feature's row of the index: number, fired, frequency, max, mean, the distinct tokens at its top examples'
+    peaks, the tokens it raises most."""
+    width, before = page["width"], page["before"]
+    indices = np.frombuffer(base64.b64decode(page["top"]["tokens"]), dtype="<i4").reshape(-1, width)[:, before]
+    peaks = " · ".join(dict.fromkeys(page["strings"][i] for i in indices if i >= 0))
+    raises = " · ".join(token for token, _ in page["logits"]["top"][:INDEX_TOKENS])
+    return [page["feature"], page["fired"], page["frequency"], page["max"], page["mean"], _cut(peaks), raises]
 
 
 def index_html(report, rows: list[list]) -> str:
@@ -27,33 +75,8 @@ def index_html(report, rows: list[list]) -> str:
     return _filled("features_index.html", title(report), subtitle(report), data)
 
 
-def feature_html(report, row: dict) -> str:
-    """The page of the feature whose dataset row is `row` (FeatureReport.row)."""
-    feature, count = row["feature"], report.sae.cfg.d_sae
-    stats, before = report.stats, report.stats.before
-    edges = report.edges
-    start, counts = row["hist_start"], row["hist_counts"]
-    data = {"feature": feature, "tokens": stats.tokens, "fired": row["fired"], "frequency": row["frequency"],
-            "max": row["max"], "mean": row["mean"], "quantiles": [[q, v] for q, v in zip(report.quantile_levels,
-                                                                                         row["quantiles"])],
-            "hist": {"edges": edges[start:start + len(counts) + 1], "counts": counts},
-            "logits": {"how": report.effects_reason, "top": _pairs(report, row["logit_top_ids"],
-                                                                   row["logit_top_values"]),
-                       "bottom": _pairs(report, row["logit_bottom_ids"], row["logit_bottom_values"])},
-            "before": before, "top": _examples(report, row, "top"),
-            "bands": _bands(report, row), "previous": feature - 1 if feature else None,
-            "next": feature + 1 if feature + 1 < count else None}
-    return _filled("feature.html", f"feature {feature}", subtitle(report), data)
-
-
-def index_row(report, row: dict) -> list:
-    """A feature's row of the index: number, fired, frequency, max, mean, the distinct tokens at its top examples'
-    peaks, the tokens it raises most."""
-    peaks = [ids[report.stats.before] for ids in row["top_ids"]]
-    tokens = " · ".join(dict.fromkeys(report.strings(peaks)))
-    raises = " · ".join(report.strings(row["logit_top_ids"][:INDEX_TOKENS]))
-    return [row["feature"], row["fired"], row["frequency"], row["max"] if row["fired"] else 0.0, row["mean"],
-            _cut(tokens), raises]
+def feature_html(report, page: dict) -> str:
+    return _filled("feature.html", f"feature {page['feature']}", subtitle(report), page)
 
 
 def write_assets(out: Path) -> None:
@@ -63,8 +86,8 @@ def write_assets(out: Path) -> None:
         write_atomically(out / "assets" / name, page_file(name).encode())
 
 
-def write_feature(out: Path, report, row: dict) -> None:
-    write_atomically(out / "features" / f"{row['feature']}.html", feature_html(report, row).encode())
+def write_feature(out: Path, report, page: dict) -> None:
+    write_atomically(out / "features" / f"{page['feature']}.html", feature_html(report, page).encode())
 
 
 def write_index(out: Path, report, rows: list[list]) -> Path:
@@ -82,33 +105,22 @@ def subtitle(report) -> str:
             + f" of {report.source or 'the model'}; {report.stats.tokens} tokens")
 
 
-def _pairs(report, ids: list[int], values: list[float]) -> list:
-    return [[text, value] for text, value in zip(report.strings(ids), values)]
+def _logits(report, feature: int) -> dict:
+    if not report.effects:
+        return {"how": report.effects_reason, "top": [], "bottom": []}
+    top_ids, top_values, bottom_ids, bottom_values = (values[feature] for values in report.effects)
+    return {"how": report.effects_reason,
+            "top": [[text, value] for text, value in zip(report.strings(top_ids), top_values.tolist())],
+            "bottom": [[text, value] for text, value in zip(report.strings(bottom_ids), bottom_values.tolist())]}
 
 
-def _examples(report, row: dict, prefix: str, chosen=None) -> list[dict]:
-    indices = range(len(row[f"{prefix}_value"])) if chosen is None else chosen
-    found = []
-    for i in indices:
-        ids = row[f"{prefix}_ids"][i]
-        found.append({"value": row[f"{prefix}_value"][i], "document": row[f"{prefix}_document"][i],
-                      "position": row[f"{prefix}_position"][i],
-                      "tokens": [text if token >= 0 else None for text, token in zip(report.strings(ids), ids)],
-                      "acts": row[f"{prefix}_acts"][i]})
-    return found
+def _packed(tensor: torch.Tensor, dtype: str) -> str:
+    """The values, row-major, as `dtype` (little-endian int32 "<i4" or float32 "<f4"), in base64."""
+    return base64.b64encode(tensor.contiguous().numpy().astype(dtype).tobytes()).decode("ascii")
 
 
-BAND_NAMES = {3: "the top quarter of its firings", 2: "the second quarter", 1: "the third quarter",
-              0: "the lowest quarter"}
-
-
-def _bands(report, row: dict) -> list[dict]:
-    bands = []
-    for band in sorted(set(row["sample_band"]), reverse=True):
-        chosen = [i for i, b in enumerate(row["sample_band"]) if b == band]
-        bands.append({"band": band, "label": BAND_NAMES.get(band, f"band {band}"),
-                      "examples": _examples(report, row, "sample", chosen)})
-    return bands
+def _number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _cut(text: str, limit: int = 120) -> str:
@@ -116,5 +128,6 @@ def _cut(text: str, limit: int = 120) -> str:
 
 
 def _filled(shell: str, title_text: str, subtitle_text: str, data) -> str:
-    parts = {"TITLE": html.escape(title_text), "SUBTITLE": html.escape(subtitle_text), "DATA": script_json(data)}
+    parts = {"TITLE": html.escape(title_text), "SUBTITLE": html.escape(subtitle_text),
+             "DATA": script_json(data, finite=True)}  # feature_data writes None for every non-finite number
     return re.sub(r"__(TITLE|SUBTITLE|DATA)__", lambda m: parts[m.group(1)], page_file(shell))

@@ -2,12 +2,14 @@
 shown as text; then driven in headless Chromium: the index sorts and searches, a feature's page draws its examples,
 histogram and logit effects."""
 
+import base64
 import json
 import re
 import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dictionary_data import random_sae
@@ -31,8 +33,19 @@ def pages(tiny_gpt2, tmp_path_factory):
 
 
 def embedded(path: Path) -> dict:
+    """A page's data, its packed windows unpacked as the page's script unpacks them: each example's tokens (None
+    outside its sequence) and activations (None where a token has none)."""
     page = path.read_text(encoding="utf-8")
-    return json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    for name in ("top", "sample"):
+        if name in data:
+            width = data["width"]
+            indices = np.frombuffer(base64.b64decode(data[name]["tokens"]), dtype="<i4").reshape(-1, width)
+            acts = np.frombuffer(base64.b64decode(data[name]["acts"]), dtype="<f4").reshape(-1, width)
+            data[name]["examples"] = [{"tokens": [data["strings"][i] if i >= 0 else None for i in row],
+                                       "acts": [None if a != a else float(a) for a in values]}
+                                      for row, values in zip(indices, acts)]
+    return data
 
 
 def test_pages_are_offline_and_their_markup_is_package_data(pages):
@@ -60,12 +73,13 @@ def test_the_pages_hold_the_datasets_numbers(pages, tiny_gpt2):
     fired = max(range(len(rows["feature"])), key=lambda f: rows["fired"][f])
     page = embedded(out / "features" / f"{fired}.html")
     assert page["fired"] == rows["fired"][fired] and page["tokens"] == summary.tokens
-    assert [example["value"] for example in page["top"]] == rows["top_value"][fired]
-    for example, ids in zip(page["top"], rows["top_ids"][fired]):  # each token's text, markup and all
-        assert example["tokens"] == [tokenizer.decode([i]) if i >= 0 else None for i in ids]
+    assert page["top"]["value"] == pytest.approx(rows["top_value"][fired])
+    for example, ids, acts in zip(page["top"]["examples"], rows["top_ids"][fired], rows["top_acts"][fired]):
+        assert example["tokens"] == [tokenizer.decode([i]) if i >= 0 else None for i in ids]  # markup and all
+        assert example["acts"] == pytest.approx([a if i >= 0 else 0.0 for a, i in zip(acts, ids)])
     assert page["hist"]["counts"] == rows["hist_counts"][fired]
     assert len(page["logits"]["top"]) == 10 and page["logits"]["how"] == "W_dec @ W_U"
-    assert sum(len(band["examples"]) for band in page["bands"]) == len(rows["sample_value"][fired])
+    assert page["sample"]["band"] == rows["sample_band"][fired]
 
 
 # ---------- in the browser ----------

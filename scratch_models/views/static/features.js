@@ -68,8 +68,26 @@ const FeaturePages = (() => {
     draw();
   }
 
+  // a page's packed windows: base64 of little-endian int32 (token indices) or float32 (activations)
+  function unpack(base64, Kind) {
+    const text = atob(base64), bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    return new Kind(bytes.buffer);
+  }
+
+  // each example of a packed set: its value, and its window's tokens (null outside its sequence) and activations
+  function examples(set, strings, width) {
+    const tokens = unpack(set.tokens, Int32Array), acts = unpack(set.acts, Float32Array);
+    return set.value.map((value, n) => ({
+      value, document: set.document[n], position: set.position[n], band: set.band ? set.band[n] : null,
+      tokens: Array.from(tokens.subarray(n * width, (n + 1) * width), i => i < 0 ? null : strings[i]),
+      acts: Array.from(acts.subarray(n * width, (n + 1) * width), a => Number.isNaN(a) ? null : a),
+    }));
+  }
+
   function example(item, max, before) {
-    const line = element("div", { class: "example", "data-value": item.value });
+    const line = element("div", { class: "example", "data-value": item.value,
+                                  title: `document ${item.document}, token ${item.position}` });
     line.append(element("span", { class: "value" }, number(item.value)));
     item.tokens.forEach((token, i) => {
       if (token === null) return;  // outside the sequence
@@ -140,11 +158,15 @@ const FeaturePages = (() => {
       }));
     }
     document.getElementById("logit-note").textContent = d.logits.how;
-    document.getElementById("top").append(...d.top.map(item => example(item, d.max, d.before)));
+    document.getElementById("top").append(
+      ...examples(d.top, d.strings, d.width).map(item => example(item, d.max, d.before)));
     const bands = document.getElementById("bands");
-    for (const band of d.bands) {
-      const block = element("div", { class: "band", "data-band": band.band });
-      block.append(element("h4", {}, band.label), ...band.examples.map(item => example(item, d.max, d.before)));
+    const sample = examples(d.sample, d.strings, d.width);
+    for (const band of [3, 2, 1, 0]) {
+      const chosen = sample.filter(item => item.band === band);
+      if (!chosen.length) continue;
+      const block = element("div", { class: "band", "data-band": band });
+      block.append(element("h4", {}, d.bands[band]), ...chosen.map(item => example(item, d.max, d.before)));
       bands.append(block);
     }
   }
