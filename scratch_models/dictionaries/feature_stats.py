@@ -12,12 +12,12 @@ Per feature of a dictionary of d_sae features:
 
 All of it merges: two FeatureStats over disjoint parts of a corpus make, merged, the FeatureStats of the whole (the
 sums add, the kept examples are re-chosen by the same order), which is how a resumed run and the ranks of torchrun
-combine their parts. Memory: d_sae x (BINS x 8 + (top_k + samples) x (context x 8 + 48)) bytes, and the entries
-waiting to be sorted in (at most PENDING, with their windows); 16384 features with the defaults take about 180 MB.
+combine their parts. Memory: d_sae x (BINS x 8 + (top_k + samples) x (context x 8 + 48)) bytes, and at most as many
+entries again waiting to be sorted in, with their windows; 16384 features with the defaults take about 270 MB.
 
 Fast enough to keep up with the forward passes: each batch's firings are counted at once, and those that may enter
 the top or the sample (their key passes the feature's threshold as it stands) have their context read while the
-batch is there and wait in a buffer; the buffer is sorted into the kept rows PENDING entries at a time.
+batch is there and wait in a buffer, which is sorted into the kept rows once it holds as many entries as they do.
 """
 
 import torch
@@ -26,7 +26,7 @@ BINS_PER_OCTAVE = 8
 LOWEST, HIGHEST = -16, 16  # log2 of the histogram's range
 BINS = (HIGHEST - LOWEST) * BINS_PER_OCTAVE + 2  # with the two end bins
 _MASK = 0x7FFFFFFF
-PENDING = 1 << 20  # entries waiting to be sorted into the kept examples
+PENDING = 1 << 16  # entries waiting to be sorted into the kept examples: at least this many, at most as many as kept
 
 
 def bin_of(values: torch.Tensor) -> torch.Tensor:
@@ -220,7 +220,7 @@ class FeatureStats:
                              "slot": self.windows.add(ids, window), "top": top[chosen], "sample": sample[chosen],
                              "to_top": to_top[chosen], "to_sample": to_sample[chosen]})
         self.waiting += len(chosen)
-        if self.waiting >= PENDING:
+        if self.waiting >= max(PENDING, self.features * (self.top.size + self.sample.size)):
             self.flush()
 
     def flush(self) -> None:

@@ -135,7 +135,7 @@ class Splice(nn.Module):
         if x.device != sae.device:
             raise DictionaryError(f"the dictionary at {self.site.name} is on {sae.device} and the model's tensor on "
                                   f"{x.device}: move it with sae.to({str(x.device)!r})")
-        flat = self._read(x)
+        flat = self._read(x).to(sae.dtype)
         inp = _Tracked(flat.clone() if self.input.active else flat, self.input)  # an edit in place stays its own
         sae_in, norm = sae.sae_in(inp.tensor)
         pre = _Tracked(sae.hidden_pre(sae_in), self.pre_acts)
@@ -149,7 +149,7 @@ class Splice(nn.Module):
         else:  # the reconstruction of the unedited input, no hook point listening
             with torch.set_grad_enabled(graph):
                 clean = sae(flat)
-        error = _Tracked(flat.to(sae.dtype) - clean, self.error)
+        error = _Tracked(flat - clean, self.error)
         total = recons.tensor + error.tensor
         if recons.holds(clean) and error.holds(error.given):
             # nothing edited: the model's own tensor goes on, bitwise; gradients take the splice's path

@@ -24,7 +24,7 @@ from sae_lens.saes.jumprelu_sae import JumpReLUSAE, JumpReLUSAEConfig  # noqa: E
 from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig  # noqa: E402
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig  # noqa: E402
 
-from dictionary_data import random_sae  # noqa: E402
+from dictionary_data import random_sae, randomize_  # noqa: E402
 from scratch_models.dictionaries import SAE  # noqa: E402
 
 THEIRS = {"standard": (StandardSAE, StandardSAEConfig), "topk": (TopKSAE, TopKSAEConfig),
@@ -40,14 +40,7 @@ def theirs(architecture: str, d_in: int, d_sae: int, hook_name: str, seed: int =
     cls, cfg_cls = THEIRS[architecture]
     cfg = cfg_cls(d_in=d_in, d_sae=d_sae, **fields)
     cfg.metadata.hook_name = hook_name
-    sae = cls(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sae.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if name.startswith("W_") else 0.1))
-        if architecture == "jumprelu":
-            sae.threshold.copy_(torch.rand(d_sae, generator=g) * 0.5)
-    return sae.eval()
+    return randomize_(cls(cfg), seed).eval()
 
 
 @pytest.mark.parametrize("architecture, fields", CASES)
