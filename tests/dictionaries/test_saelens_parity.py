@@ -5,7 +5,7 @@ own and skip elsewhere. From the repository's root:
 
     python3 -m venv /work/venv-saelens && /work/venv-saelens/bin/pip install torch==2.13.0 && \
     /work/venv-saelens/bin/pip install sae-lens pytest && \
-    PYTHONPATH=. /work/venv-saelens/bin/python -m pytest -q tests/dictionaries/test_saelens.py
+    PYTHONPATH=. /work/venv-saelens/bin/python -m pytest -q tests/dictionaries/test_saelens_parity.py
 
 (sae-lens 6.54.12 with transformer-lens 3.9.0 when written.)
 """
