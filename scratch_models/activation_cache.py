@@ -59,6 +59,9 @@ class ActivationCache(Mapping):
         self.has_batch_dim = has_batch_dim
         # recorded now, just after the run: dropout (training mode) breaks every sum the helpers rely on
         self.training = model.training
+        # TransformerLens' names as they stood for this run: a module spliced in for it (a dictionary, see
+        # scratch_models/dictionaries/splice.py) may be taken out before the cache is read
+        self._lens_names = model.lens_names()
 
     # ---- the mapping ----------------------------------------------------------------------------------------------
 
@@ -70,7 +73,7 @@ class ActivationCache(Mapping):
         if isinstance(name, str) and name in self._tensors:
             return self._tensors[name]
         lens_name = self._lens_name(name)
-        resolved = self.model.lens_names().get(lens_name.removesuffix("_grad")) if lens_name else None
+        resolved = self._lens_names.get(lens_name.removesuffix("_grad")) if lens_name else None
         if resolved is None:
             raise KeyError(self._missing(name if isinstance(name, str) else lens_name or repr(name))) from None
         if resolved.source is None:
@@ -141,7 +144,7 @@ class ActivationCache(Mapping):
     def _missing(self, name: str) -> str:
         points = self.model.hook_points()
         base = name.removesuffix("_grad")
-        lens = self.model.lens_names()
+        lens = self._lens_names
         if base in lens:
             base = lens[base].source
         if base in points:

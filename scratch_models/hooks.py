@@ -90,11 +90,12 @@ class HookedModel(nn.Module):
         return {name: point.dims for name, point in self.hook_points().items()}
 
     def lens_names(self) -> dict[str, Resolved]:
-        """TransformerLens' hook name -> what it is in this model (scratch_models.lens_names), in forward order."""
-        layers = len(getattr(self, "layers", ()))
+        """TransformerLens' hook name -> what it is in this model (scratch_models.lens_names), in forward order;
+        then those of modules spliced into hook points (a dictionary's `blocks.8.hook_resid_pre.hook_sae_acts_post`)."""
+        structure = (len(getattr(self, "layers", ())), self.__dict__.get("_splices", 0))
         known = self.__dict__.get("_lens_names")
-        if known is None or known[0] != layers:  # computed once per structure: cache lookups ask it often
-            known = (layers, lens_names(self))
+        if known is None or known[0] != structure:  # computed once per structure: cache lookups ask it often
+            known = (structure, _with_spliced(lens_names(self), self.hook_points()))
             self.__dict__["_lens_names"] = known
         return known[1]
 
@@ -119,6 +120,11 @@ class HookedModel(nn.Module):
         """Module name (shortened as hook names are) -> module, and every name of `hook_dict` -> its hook
         (HookedRootModule.mod_dict)."""
         return {name: module for name, module in self.short_named_modules().items() if name} | self.hook_dict
+
+    def splices_changed(self) -> None:
+        """Say that a module was spliced into a hook point or taken out (HookPoint.splice), so the TL names are
+        read again."""
+        self.__dict__["_splices"] = self.__dict__.get("_splices", 0) + 1
 
     @contextlib.contextmanager
     def hooks(self, hooks: Iterable[tuple[str, HookFn]] = (), *, fwd_hooks=(), bwd_hooks=(),
@@ -318,6 +324,17 @@ class HookedModel(nn.Module):
             return True
         switch = next((flag for end, flag in OPT_IN_SWITCHES.items() if resolved.name.endswith(end)), None)
         return switch is not None and self.lens_flag(switch)
+
+
+def _with_spliced(names: dict[str, Resolved], points: dict[str, HookPoint]) -> dict[str, Resolved]:
+    """`names` and, for each TL name of a hook point with a module spliced in, the TL names that module answers
+    under it (its `lens_names(resolved)`); TL's switched-on copies of a stream (forks) have none."""
+    spliced = {}
+    for resolved in names.values():
+        module = points[resolved.source].spliced if resolved.source is not None else None
+        if module is not None and not isinstance(resolved.entry, Fork):
+            spliced |= module.lens_names(resolved)
+    return names | spliced
 
 
 def _target(model, name: str, fn, lens: bool, backward: bool, points, names, batch: int | None) -> list[Target]:

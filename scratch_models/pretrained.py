@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .dictionaries.splice import DictionaryMixin
 from .generation import GenerationConfig, GenerationMixin
 from .hooks import HookedModel
 from .inputs import check_tokens, check_values
@@ -22,7 +23,7 @@ logger = logging.getLogger("scratch_models")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-class PretrainedModel(TransformerLensMixin, HookedModel):
+class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
     config_class = None  # the model family's config dataclass
     mapping_table = None  # the family's weight_mapping table
     family = None  # the family's declaration (scratch_models.family.Family), set when the family declares itself

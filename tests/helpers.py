@@ -196,7 +196,8 @@ def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> None:
     (repo / "refs" / "main").write_text(commit)
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
-    for name, source in files.items():
+    for name, source in files.items():  # a name may sit in a folder of the repository
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
         (snapshot / name).symlink_to(source)
 
 

@@ -155,11 +155,11 @@ def page_file(name: str) -> str:
     return (resources.files(__package__) / "static" / name).read_text(encoding="utf-8")
 
 
-def script_json(data) -> str:
-    """`data` as JSON to put inside a <script> element: non-finite numbers become null, and every "<", ">" and "&"
-    a JSON unicode escape (JSON.parse reads back the same text), so no "</script>" or "<!--" in a token ends or
-    confuses the element."""
-    text = json.dumps(_finite(data), separators=(",", ":"), allow_nan=False)
+def script_json(data, finite: bool = False) -> str:
+    """`data` as JSON to put inside a <script> element: non-finite numbers become null (`finite`: the caller made
+    them so already; one left is still an error), and every "<", ">" and "&" a JSON unicode escape (JSON.parse reads
+    back the same text), so no "</script>" or "<!--" in a token ends or confuses the element."""
+    text = json.dumps(data if finite else _finite(data), separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
