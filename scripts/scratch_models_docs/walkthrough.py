@@ -28,7 +28,8 @@ from scratch_models.views.attention_plots import attention_grid_png, head_png
 from scratch_models.bert.model import BertMLP, BertPooler, BertSelfAttention
 from scratch_models.bert.task_heads import BertForSequenceClassification
 from scratch_models.gpt2.model import Conv1D, GPT2Attention, GPT2Block
-from scratch_models.gpt_neox.model import GPTNeoXAttention, GPTNeoXLayer, rotary_angles, rotate
+from scratch_models.gpt_neox.model import GPTNeoXAttention, GPTNeoXLayer
+from scratch_models.parts.rotary import RotaryEmbedding, rotate
 from scratch_models.inspection import AttentionCapture
 from weight_mapping import BERT, GPT2, Checkpoint, MappingTable, embedded_checkpoint, open_checkpoint
 from weight_mapping.gpt_neox import GPT_NEOX
@@ -752,8 +753,10 @@ def _gpt_neox_section(images: Path | None) -> str:
     generator = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 1, 1, config.head_dim, generator=generator, dtype=torch.float64)
 
+    rotary = RotaryEmbedding(config.rotary_dim, config.rotary_emb_base, config.max_position_embeddings)
+
     def score(m: int, n: int) -> float:
-        cos, sin = rotary_angles(torch.tensor([[m, n]]), config.rotary_dim, config.rotary_emb_base, torch.float64)
+        cos, sin = rotary(torch.tensor([[m, n]]), torch.float64)
         turned_q, turned_k = rotate(q, cos[:, :1], sin[:, :1]), rotate(k, cos[:, 1:], sin[:, 1:])  # [1, 1, 1, d]
         return float((turned_q * turned_k).sum())
 
@@ -793,7 +796,7 @@ dimensions of the head pass unturned.
 **Code.** The angles, computed once per forward pass from the positions, and the turn, a quarter turn of each
 pair mixed in by the sine:
 
-{excerpt(rotary_angles).markdown()}
+{excerpt(RotaryEmbedding.forward).markdown()}
 
 {excerpt(rotate).markdown()}
 
