@@ -235,6 +235,10 @@ class _Pass:
             self.bar = tqdm(unit="tok", unit_scale=True, desc="features", dynamic_ncols=True)
 
     def run(self, block_tokens: int, save_seconds: float) -> None:
+        with self.plan.runner.listening():  # the Runner's recorders, attached for the whole pass over the corpus
+            self._run(block_tokens, save_seconds)
+
+    def _run(self, block_tokens: int, save_seconds: float) -> None:
         offset, saved, clock = 0, time.perf_counter(), time.perf_counter()
         for index, block in enumerate(self.plan.blocks(block_tokens)):
             self.timings["reading and tokenizing"] += time.perf_counter() - clock
