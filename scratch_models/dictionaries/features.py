@@ -414,10 +414,10 @@ class FeatureReport:
                                       stable=True)
                 slot = keep.slot[part].gather(1, order)
                 shown = filled.gather(1, order)
+                ids, acts = stats.windows.at(slot)
                 chunk[name] = {"filled": shown, "value": keep.value[part].gather(1, order),
                                "document": keep.document[part].gather(1, order),
-                               "position": keep.position[part].gather(1, order),
-                               "ids": stats.windows.ids[slot.clamp(min=0)], "acts": stats.windows.acts[slot.clamp(min=0)]}
+                               "position": keep.position[part].gather(1, order), "ids": ids, "acts": acts}
             count = chunk["sample"]["filled"].sum(1, keepdim=True)
             rank = torch.arange(chunk["sample"]["filled"].shape[1])[None]
             chunk["sample"]["band"] = (3 - (rank * 4) // count.clamp(min=1)).to(torch.int8)
