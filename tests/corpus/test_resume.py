@@ -232,15 +232,19 @@ def test_two_identical_commands_at_once_the_second_refuses_naming_the_first(tmp_
     data = write_jsonl(tmp_path / "c.jsonl", [{"text": f"{s} ({i})"} for i in range(30) for s in SENTENCES])
     out = tmp_path / "out"
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
-    # the first one slowed (a pause per forward pass), so it still runs however long the second takes to start
-    slowed = ("import sys, time; from scratch_models.corpus.activations import Runner; run = Runner.run; "
-              "Runner.run = lambda self, batch: (time.sleep(0.3), run(self, batch))[1]; "
-              "sys.argv[0] = 'scratch-models'; from importlib.metadata import entry_points; "
-              "(cli,) = entry_points(group='console_scripts', name='scratch-models'); raise SystemExit(cli.load()())")
-    first = subprocess.Popen([sys.executable, "-c", slowed, *command(tiny_gpt2[0], data, out)[3:]], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the first one holds its first forward pass until the second has run, however long either takes to start
+    release = tmp_path / "release"
+    held = ("import sys, time; from pathlib import Path; from scratch_models.corpus.activations import Runner; "
+            "run = Runner.run; release = Path(sys.argv.pop(1)); "
+            "hold = lambda: next((True for _ in range(3000) if release.exists() or time.sleep(0.1)), True); "
+            "Runner.run = lambda self, batch: (hold(), run(self, batch))[1]; "
+            "sys.argv[0] = 'scratch-models'; from importlib.metadata import entry_points; "
+            "(cli,) = entry_points(group='console_scripts', name='scratch-models'); raise SystemExit(cli.load()())")
+    first = subprocess.Popen([sys.executable, "-c", held, str(release), *command(tiny_gpt2[0], data, out)[3:]],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (out / "harvest.lock").is_file() and (out / "harvest.lock").read_text(), first)
     second = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
+    release.touch()
     assert second.returncode == 2
     assert f"another harvest is running there (pid {first.pid} on " in second.stderr
     assert first.wait() == 0, first.stderr.read()
