@@ -256,9 +256,13 @@ class ActivationCache(Mapping):
     @torch.no_grad()
     def stack_head_results(self, layer: int | None = None, return_labels: bool = False,
                            incl_remainder: bool = False, pos_slice: PosSlice = None, apply_ln: bool = False):
-        """Each head's output in the residual basis for every layer l < `layer` (None or -1: all), [l * n, (b), s,
-        h], labelled `L{l}H{h}`; computed from `attn.context` where `attn.result` was not cached. Per layer they
-        sum, plus the output projection's bias, to `layers.{l}.attn.proj`.
+        """Each head's part of the residual stream for every layer l < `layer` (None or -1: all), [l * n, (b), s,
+        h], labelled `L{l}H{h}`: its output in the residual basis (`attn.result`, computed from `attn.context` where
+        it was not cached), and in a family that normalises the attention's output on its way into the stream
+        (Gemma 2's post-attention norm) that result through the norm with its divisor frozen at the whole output's,
+        the map `apply_ln_to_stack` uses. Per layer they sum, plus the output projection's bias (through that
+        norm), to what the attention adds to the stream (the stream's `attn_out`: `attn.proj`, or Gemma 2's
+        `attn_out`).
 
         GPT-2: `incl_remainder` adds `remainder`, the residual stream `layer` reads less the heads' sum (the
         embeddings, the MLPs and the biases), so the stack sums to that stream; `apply_ln` as in
@@ -273,7 +277,7 @@ class ActivationCache(Mapping):
         if incl_remainder:
             self._check_additive("stack_head_results(incl_remainder=True)")
         heads = stream.num_heads
-        results = [_pos(self._head_result(l), pos_slice, -3) for l in range(layer)]
+        results = [_pos(self._head_part(l), pos_slice, -3) for l in range(layer)]
         labels = [f"L{l}H{h}" for l in range(layer) for h in range(heads)]
         if results:
             stack = torch.cat(results, dim=-2).movedim(-2, 0)
@@ -286,6 +290,15 @@ class ActivationCache(Mapping):
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice)
         return (stack, labels) if return_labels else stack
+
+    def _head_part(self, layer: int) -> torch.Tensor:
+        """[b, s, n, h]: each head's part of the stream (see stack_head_results)."""
+        result = self._head_result(layer)
+        normalised = self._stream().attn_out_norm(layer)
+        if normalised is None:
+            return result
+        read, norm = normalised
+        return norm.frozen(result, norm.divisor(self[read]).unsqueeze(-2))
 
     def _head_result(self, layer: int) -> torch.Tensor:
         name = f"layers.{layer}.attn.result"
@@ -317,7 +330,10 @@ class ActivationCache(Mapping):
         With ln_f's scale frozen the logit ln_f(stream) · W_U[token] is linear in the stream, so each part of a
         decomposition gets its share; the shares of a full decomposition sum to the logit less
         ln_f.bias · W_U[tokens], which no part writes (TransformerLens folds it into b_U). BERT's MLM head is not
-        linear (an activation and a LayerNorm sit before the decoder): refused.
+        linear (an activation and a LayerNorm sit before the decoder): refused. A family that caps its logits
+        softly after the unembedding (Gemma 2: cap · tanh(score / cap)) has its scores before the cap split, as
+        TransformerLens does: the shares sum to the hook point its stream names as `attributed_logits`
+        (`uncapped_logits`), not to the logits, which no sum of parts reaches.
 
         `residual_stack`: parts of the final residual stream, [parts, (b), s, h], such as `decompose_resid()` or
         `stack_head_results(incl_remainder=True)`; as in TransformerLens, before any LayerNorm.

@@ -28,6 +28,7 @@ import torch._inductor.config
 
 from .generation import CachedDecoding, GenerationMixin, KVCache
 from .hooks import activation_cache, names_to_cache
+from .parts.attention import causal_mask
 
 
 def compile_model(model, *, freeze: bool = False) -> "CompiledModel":
@@ -206,6 +207,12 @@ class StaticKVCache(KVCache):
 
     def advance(self, num_tokens: int) -> None:
         """Nothing to count: the caller moves `slot`."""
+
+    def window_mask(self, attention_mask, seq, window, device):
+        """The new token sits at column `slot`, not at the end: a sliding-window layer's query sees the written
+        columns after slot - window (attention_mask [b, capacity] marks those written)."""
+        columns = torch.arange(self.capacity, device=device)
+        return causal_mask(attention_mask & (columns > self.slot - window), seq, self.length, device)
 
 
 class StaticDecoding(CachedDecoding):

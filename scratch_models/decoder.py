@@ -3,6 +3,7 @@
     x = embeddings(input_ids, position_ids)          # the family's: GPT-2 adds wpe, GPT-NeoX rotates q and k later
     for each block:  x, probs = block(x, step)       # step: what every block reads of this forward pass
     final = LN(x);   logits = final @ Wᵀ             # W: the token embeddings when tied, else the LM head's own
+                     logits = cap · tanh(logits / cap)   # only where the family caps them (Gemma 2)
 
 A family's base model subclasses `CausalDecoder` and builds `embeddings`, `layers`, `norm_f` and the `ln_f` hook
 point; `positional(x, position_ids)` gives what its blocks need of the positions beyond the embeddings (GPT-NeoX's
@@ -17,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parts.attention import Mask, causal_mask, nothing_padded
+from .parts.attention import Mask, causal_mask, nothing_padded, soft_cap
 from .generation import GenerationMixin, KVCache
 from .hook_point import HookPoint
 from .inputs import check_ids, check_mask
+from .tracing import is_tracing
 from .outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from .pretrained import PretrainedModel
 
@@ -85,10 +87,17 @@ class CausalDecoder(PretrainedModel):
         # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
         # (as transformers asks of it too); otherwise the mask is built once and shared by every layer.
         causal = attention_mask is None and past == 0
-        window = self.sliding_window if self.sliding_window is not None and self.sliding_window < past + seq else None
+        # the window's own mask where it hides keys; while a graph is captured always, so that none depends on the
+        # sequence's length (torch.export would otherwise hold it to the example's side of the window)
+        window = self.sliding_window if self.sliding_window is not None and (
+            is_tracing(input_ids) or self.sliding_window < past + seq) else None
+        window_mask = None
+        if window is not None:  # counted back from each new token's position, which the cache places
+            window_mask = (causal_mask(attention_mask, seq, past, x.device, window) if cache is None
+                           else cache.window_mask(attention_mask, seq, window, x.device))
         step = Step(mask=None if causal else causal_mask(attention_mask, seq, past, x.device), causal=causal,
                     cache=cache, need_probs=output_attentions, positional=self.positional(x, position_ids),
-                    window_mask=causal_mask(attention_mask, seq, past, x.device, window) if window else None)
+                    window_mask=window_mask)
         hidden_states, attentions = ([x] if output_hidden_states else None), []  # kept only when asked
         for layer in self.layers:
             x, probs = layer(x, step)
@@ -161,10 +170,18 @@ class CausalLM(GenerationMixin):
     checkpoint_prefixed = True
     tied_output_layer = True
     target = "next"  # the command line's heads and patch measure the next token's logit (Family.targets)
+    # the config field of a soft cap on the logits, where the family has one (Gemma 2's final_logit_softcapping):
+    # logits = cap · tanh(scores / cap), the scores being the LM head's (at the `uncapped_logits` hook point); a
+    # null field caps nothing
+    logit_cap_field: str | None = None
 
     def __init__(self, config):
         super().__init__(config)
         add_lm_head(self, config)
+        self.logit_cap = getattr(config, self.logit_cap_field) if self.logit_cap_field else None
+        if self.logit_cap_field:
+            self.uncapped_logits = HookPoint("b, s, V", "the LM head's scores over the vocabulary, before the soft "
+                                             f"cap ({self.logit_cap_field}) makes them the logits")
         self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
@@ -184,7 +201,10 @@ class CausalLM(GenerationMixin):
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        logits = self.logits(F.linear(hidden, self.output_embeddings))
+        scores = F.linear(hidden, self.output_embeddings)
+        if self.logit_cap_field:
+            scores = soft_cap(self.uncapped_logits(scores), self.logit_cap)
+        logits = self.logits(scores)
         loss = None
         if labels is not None:
             # in fp32, as transformers computes it; the last position has no next token to score

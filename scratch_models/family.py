@@ -23,6 +23,9 @@ class ResidualStream:
     `layers[l].attn` and whose stream between layers is `embeddings.out`, then `layers.{l}.out`."""
 
     post_ln: bool  # each sublayer's sum is renormalised at once (BERT): no sum of parts reaches past one LayerNorm
+    # the hook point whose values direct logit attribution splits into parts (logit_attrs): the logits, unless the
+    # family changes the unembedding's scores on their way to the logits (Gemma 2 caps them softly)
+    attributed_logits = "logits"
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -46,6 +49,13 @@ class ResidualStream:
     def mlp_out(self, layer: int) -> str:
         """What layer's MLP adds to the stream (TransformerLens' mlp_out)."""
         return f"layers.{layer}.mlp.proj"
+
+    def attn_out_norm(self, layer: int) -> tuple[str, nn.Module] | None:
+        """Where layer's attention output is normalised on its way into the stream (Gemma 2's post-attention norm):
+        (the hook name of the tensor that norm reads, the norm), so a head's part of the stream is its result
+        through it. None (the default): the output projection's output is added as it is, and each head's result
+        is its part."""
+        return None
 
     @property
     def has_mid(self) -> bool:
@@ -151,9 +161,9 @@ class Family:
     # "next" (the next token's logit), "mlm" (a masked token), "class" (a class logit), "pooler"; None: each class's
     # own `target` (the decoders' shared heads declare theirs: decoder.py, decoder_heads.py)
     targets: dict[str, str] | None = None
-    # a small odd config of the family (2 layers, 3 heads of 16, an MLP width of 37, a vocabulary of 37 whose last
-    # id is the end of text where the family has one): the tests build and vary every family from it, docs read the
-    # structure of models built from it
+    # a small odd config of the family (2 layers, a few heads of 16, 3 or, with grouped key/value heads, 4 over 2;
+    # an MLP width of 37, a vocabulary of 37 whose last id is the end of text where the family has one): the tests
+    # build and vary every family from it, docs read the structure of models built from it
     tiny_config: dict = dataclasses.field(default_factory=dict)
     summary: str = ""  # how the family's residual stream reads, for docs/hook_names.md
     # hook name ("{i}" for the layer) -> the transformers output field that holds the same tensor (tested)

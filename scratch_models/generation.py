@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .inputs import check_ids, check_mask
+from .parts.attention import Mask, causal_mask
 
 
 class KVCache:
@@ -66,6 +67,11 @@ class KVCache:
     def advance(self, num_tokens: int) -> None:
         """Count the tokens every layer has now written (the model calls this once its forward pass is done)."""
         self.length += num_tokens
+
+    def window_mask(self, attention_mask: torch.Tensor | None, seq: int, window: int, device) -> Mask:
+        """The keys a sliding-window layer's `seq` new tokens may see, written after the tokens held: each its own
+        and the window - 1 before it, attention_mask [b, length + seq] permitting."""
+        return causal_mask(attention_mask, seq, self.length, device, window)
 
     def _grown(self, old: torch.Tensor | None, new: torch.Tensor, needed: int) -> torch.Tensor:
         size = max(needed, self.capacity, 2 * old.shape[2] if old is not None else 0)

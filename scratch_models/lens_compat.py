@@ -73,6 +73,14 @@ class LensConfig:
     n_key_value_heads: int | None = None
     rotary_dim: int | None = None
     rotary_base: float | None = None
+    # the family's own fields beyond these (Gemma 2's soft caps, its norms' 1 + w), read as attributes too
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        extra = self.__dict__.get("extra", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(f"TransformerLens' cfg.{name} is not a field of this model's config")
 
 
 class LensUnavailable(AttributeError):
@@ -214,10 +222,13 @@ class TransformerLensMixin:
         """This model's config in TransformerLens' field names (a snapshot; our own is `config`)."""
         family, parameter = self.family, next(self.parameters())
         own = self.lens_table().config(self.config)
+        fields = {field.name for field in dataclasses.fields(LensConfig)}
         return LensConfig(**{"d_vocab_out": own["d_vocab"], "original_architecture": type(self).__name__,
                              "model_name": str(getattr(self.tokenizer, "source", "")), "device": parameter.device,
                              "dtype": parameter.dtype, "default_prepend_bos": self.default_prepend_bos,
-                             "attention_dir": "causal" if family.causal else "bidirectional"} | own)
+                             "attention_dir": "causal" if family.causal else "bidirectional"}
+                          | {name: value for name, value in own.items() if name in fields},
+                          extra={name: value for name, value in own.items() if name not in fields})
 
     @property
     def blocks(self) -> "LensBlocks":

@@ -11,7 +11,8 @@ and padding settings are switched off, as transformers' tokenizer call leaves th
 (all-MiniLM-L6-v2's file would cut every text at 128 tokens and pad it to 128).
 
 GPT-2: no BOS is added by default, as transformers' GPT-2 tokenizer adds none (TransformerLens' to_tokens prepends
-one); `prepend_bos=True` adds it. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
+one); `prepend_bos=True` adds it. Gemma's and Llama's templates add a BOS themselves: `prepend_bos=True` adds no
+second one. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
 NoTokenizerJson (a ValueError) that says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline
 built elsewhere (the command line builds one from such files with transformers' converters).
 """
@@ -115,7 +116,7 @@ class Tokenizer:
                prepend_bos: bool = False) -> list[int]:
         """The ids of one text (or sentence pair), special tokens as the checkpoint's template adds them."""
         ids = self.backend.encode(text, _one_pair(pair), add_special_tokens=add_special_tokens).ids
-        return [self._bos()] + ids if prepend_bos else ids
+        return self._bos_prefix(prepend_bos, add_special_tokens) + ids
 
     def sequence_ids(self, text: str, pair: str | None = None) -> list[int | None]:
         """For each token of `encode(text, pair)`: 0 for the text's tokens, 1 for the pair's, None for the special
@@ -140,8 +141,8 @@ class Tokenizer:
             raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair per text")
         inputs = texts if pairs is None else list(zip(texts, pairs))
         encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        rows = [(([self._bos()] if prepend_bos else []) + e.ids, ([0] if prepend_bos else []) + e.type_ids)
-                for e in encodings]
+        bos = self._bos_prefix(prepend_bos, add_special_tokens)
+        rows = [(bos + e.ids, [0] * len(bos) + e.type_ids) for e in encodings]
         longest = max(len(ids) for ids, _ in rows)
         pad = self._pad() if any(len(ids) < longest for ids, _ in rows) else 0
         batch = {"input_ids": [], "attention_mask": [], "token_type_ids": []}
@@ -179,6 +180,20 @@ class Tokenizer:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{self.vocab_size - 1}")
         return ids
+
+    @property
+    def template_adds_bos(self) -> bool:
+        """Whether the checkpoint's template starts every text with its BOS token (Gemma's and Llama's do; GPT-2's
+        adds none): TransformerLens' tokenizer_prepends_bos."""
+        bos = self.special_ids.get("bos")
+        return bos is not None and self.backend.encode("").ids[:1] == [bos]
+
+    def _bos_prefix(self, prepend_bos: bool, add_special_tokens: bool) -> list[int]:
+        """The BOS a text gets in front beyond the template's: none unless asked, and none where the template puts
+        one there already, so that a text never starts with two (as TransformerLens' to_tokens)."""
+        if not prepend_bos or (add_special_tokens and self.template_adds_bos):
+            return []
+        return [self._bos()]
 
     def _bos(self) -> int:
         if "bos" not in self.special_ids:

@@ -1,6 +1,6 @@
 """Benchmarks against transformers and against the machine's limits: runs interleaved, medians, ratios, rooflines.
 
-    python scripts/benchmark.py [--case NAME ...] [--repeats N] [--device cpu|cuda] [--json FILE]
+    python scripts/benchmark.py [--case NAME ...] [--repeats N] [--device cpu|cuda] [--json FILE] [--saelens-python PY]
 
 `ratio` is transformers' time / ours (above 1: we are faster), transformers run eagerly in the row's dtype;
 `vs_default` is transformers' default (eager float32) time / ours. Weights are random, written in the real
@@ -15,8 +15,10 @@ checkpoint layouts by transformers itself: speed does not depend on their values
   load       a bert-base model.safetensors, each loader alone in a fresh process: seconds and peak RSS
   cold       a fresh process from nothing to the first output: import, load bert-base, one forward
   hooks      what idle hook points cost a forward pass
-  harvest    GPT-2 124M activations over a corpus to Arrow shards (scratch_models.corpus.harvest) against our plain
-             forward pass over the same batches, and TransformerBridge's and nnsight's loops writing the same shards
+  harvest    GPT-2 124M activations of a middle and of the last layer over a corpus to Arrow shards
+             (scratch_models.corpus.harvest), float32 and bfloat16, against loops that stop after the layer and write
+             the same shards (a transformers forward hook, nnsight's tracer.stop(), TransformerBridge), and SAELens'
+             CacheActivationsRunner with --saelens-python
   patching   a GPT-2 124M residual patching sweep, batched against one forward per patch (ratio: one at a time /
              batched), and against TransformerLens' patching module when it is installed
 
@@ -642,16 +644,56 @@ def _transformer_lens_sweep(ckpt: Checkpoints, clean: torch.Tensor, corrupted: t
     return sweep
 
 
-def harvest(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
-    """GPT-2 124M over a corpus, float32, keeping layers.11.out (the last block's output: only ln_f and the head lie
-    above it) for every token, 32 packed sequences of 128 tokens in batches of 8, Arrow shards written alike by
-    every side. `ours`: scratch_models.corpus.harvest end to end (reading the corpus, packing, forward passes,
-    writing in a thread of its own) into a fresh directory; `plain forward`: our GPT2Model over the same batches,
-    nothing kept or written; TransformerBridge: run_with_cache(names_filter=..., stop_at_layer=12) per batch, then
-    the same shard written with datasets' ArrowWriter; nnsight: a trace saving transformer.h[11]'s output, stopped
-    there, then the same; each peer also as it runs without being told to stop ("whole model": the LM head
-    too, which ours never runs). `ratio`: the other side's time / ours. The corpus is pre-tokenized (the benchmark's
-    random weights have no tokenizer): 32 documents of 127 ids, each packed after its BOS."""
+# SAELens' CacheActivationsRunner in a Python of its own (sae-lens needs transformer-lens < 4): a server that builds
+# a HookedTransformer of GPT-2 124M's shape per dtype (random weights: the runner's load_model would fetch gpt2 from
+# the hub) and, per line "LAYER DTYPE OUT", caches that layer's hook_resid_post of the corpus into OUT; it answers
+# "done" or the error.
+_SAELENS_SERVER = """
+import shutil, sys, torch, traceback
+import pyarrow.parquet as pq
+from datasets import Dataset
+import sae_lens.cache_activations_runner as runner
+from sae_lens.config import CacheActivationsRunnerConfig
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+torch.set_grad_enabled(False)
+ids = pq.read_table(sys.argv[1]).column("input_ids").to_pylist()
+rows = Dataset.from_dict({"input_ids": [[int(sys.argv[2])] + row for row in ids]})
+models = {}
+for line in sys.stdin:
+    layer, dtype, out = line.split()
+    try:
+        if dtype not in models:
+            models[dtype] = HookedTransformer(HookedTransformerConfig(
+                n_layers=12, d_model=768, n_ctx=1024, d_head=64, n_heads=12, d_mlp=3072, act_fn="gelu_new",
+                d_vocab=50257, normalization_type="LN", positional_embedding_type="standard",
+                dtype=getattr(torch, dtype))).eval()
+        runner.load_model = lambda **_: models[dtype]
+        tokens = len(rows) * len(rows[0]["input_ids"])
+        shutil.rmtree(out, ignore_errors=True)
+        runner.CacheActivationsRunner(CacheActivationsRunnerConfig(
+            dataset_path="given", model_name="gpt2", model_batch_size=int(sys.argv[3]),
+            hook_name=f"blocks.{layer}.hook_resid_post", d_in=768, training_tokens=tokens,
+            context_size=len(rows[0]["input_ids"]), new_cached_activations_path=out, shuffle=False, dtype="float32",
+            device="cpu", prepend_bos=False, streaming=False, buffer_size_gb=tokens * 768 * 4 / 1e9),
+            override_dataset=rows).run()
+        print("done", flush=True)
+    except Exception:
+        print(traceback.format_exc().replace(chr(10), " | "), flush=True)
+"""
+
+
+def harvest(ckpt: Checkpoints, repeats: int, device: str, saelens_python: str | None = None) -> list[dict]:
+    """GPT-2 124M over a corpus, keeping one layer's output (layers.5.out, a middle one, and layers.11.out, the last
+    block's: only ln_f and the head lie above it) for every token of 16 packed sequences of 128 tokens in batches of
+    8, in float32 and bfloat16, each side writing the rows as float32 Arrow shards. `ours`: scratch_models.corpus
+    .harvest end to end as a user runs it (reading and packing the corpus, forward passes stopped after the layer on
+    the threads it picks, writing in a thread of its own). The peers, each told to stop after the layer: a
+    transformers hook loop (a forward hook on transformer.h[L] that raises once it has the output), nnsight
+    (tracer.stop() after saving h[L]'s output), TransformerBridge (run_with_cache(stop_at_layer=L + 1)), each
+    writing the same shard with datasets' ArrowWriter; and SAELens' CacheActivationsRunner (its own layout, with
+    `--saelens-python` naming a Python that has sae-lens). `ratio`: the other side's time / ours, medians of
+    interleaved runs; `vs best peer`: the fastest peer's time / ours. The corpus is pre-tokenized (the benchmark's
+    random weights have no tokenizer): 16 documents of 127 ids, each packed after its BOS."""
     import importlib.util
 
     import transformers
@@ -663,86 +705,123 @@ def harvest(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     from scratch_models.corpus.activations import Layout
     from scratch_models.corpus.storage import features
 
-    name, bos, context, batch, documents = "layers.11.out", 50256, 128, 8, 32
+    bos, context, batch, documents, width = 50256, 128, 8, 16, GPT2_SMALL["n_embd"]
     generator = torch.Generator().manual_seed(4)
     docs = torch.randint(1000, (documents, context - 1), generator=generator)
     root = Path(tempfile.mkdtemp(prefix="scratch-models-harvest-"))
-    Dataset.from_dict({"input_ids": docs.tolist()}).to_parquet(root / "corpus.parquet")
+    corpus = root / "corpus.parquet"
+    Dataset.from_dict({"input_ids": docs.tolist()}).to_parquet(corpus)
     ids = torch.cat([torch.full((documents, 1), bos), docs], 1).to(device)  # the packed sequences
     batches = list(ids.split(batch))
     document = torch.arange(documents)[:, None].expand(-1, context).reshape(-1).numpy()
     position = torch.arange(-1, context - 1)[None].expand(documents, -1).reshape(-1).to(torch.int32).numpy()
-    shard = features({name: Layout(1, (GPT2_SMALL["n_embd"],))}, "float32", None)
-    model = GPT2Model.from_pretrained(ckpt.gpt2, device=device)
     runs = iter(range(10**6))
+    server = None
+    if saelens_python is not None and device == "cpu":
+        server = subprocess.Popen([saelens_python, "-c", _SAELENS_SERVER, str(corpus), str(bos), str(batch)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
-    def ours(**options):
+    def saelens(layer: int, dtype: torch.dtype):
         def run():
-            out = root / f"ours-{next(runs)}"
-            return run_harvest(model, root / "corpus.parquet", [name], out, batch_size=batch, context=context,
-                               progress=False, **options)[1]
+            server.stdin.write(f"{layer} {str(dtype).removeprefix('torch.')} {root / f'sae-{next(runs)}'}\n")
+            server.stdin.flush()
+            answer = server.stdout.readline().strip()
+            if answer != "done":
+                raise RuntimeError(f"SAELens' CacheActivationsRunner failed: {answer}")
         return run
 
-    def plain():
-        for chunk in batches:
-            model(chunk)
+    rows, summaries = [], {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = GPT2Model.from_pretrained(ckpt.gpt2, device=device, dtype=dtype)
+        hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2, dtype=dtype).to(device).eval()
+        for layer in (5, 11):
+            name = f"layers.{layer}.out"
+            shard = features({name: Layout(1, (width,), name)}, "float32", None)
 
-    def written(activations_of):
-        """A loop that gets each batch's [b, s, h] activations from `activations_of` and writes the shard."""
-        def run():
-            writer = ArrowWriter(features=shard, path=str(root / f"peer-{next(runs)}.arrow"))
-            for i, chunk in enumerate(batches):
-                rows = activations_of(chunk).reshape(-1, GPT2_SMALL["n_embd"]).float().cpu().numpy()
-                at = slice(i * batch * context, i * batch * context + len(rows))
-                writer.write_batch({name: rows, "token_id": chunk.reshape(-1).to(torch.int32).cpu().numpy(),
-                                    "document": document[at], "position": position[at]})
-            writer.finalize()
-            writer.close()
-        return run
+            def ours():
+                out = root / f"ours-{next(runs)}"
+                summaries[name, dtype] = run_harvest(model, corpus, [name], out, batch_size=batch, context=context,
+                                                     progress=False)[1]
 
-    fns = {"ours": ours(), "ours compiled": ours(compile=True), "plain forward": plain}
-    skipped = []
-    hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2).to(device).eval()
-    if importlib.util.find_spec("transformer_lens") is not None:
-        from transformer_lens.model_bridge import TransformerBridge
+            def written(activations_of):
+                """A loop that gets each batch's [b, s, h] activations from `activations_of` and writes the shard."""
+                def run():
+                    writer = ArrowWriter(features=shard, path=str(root / f"peer-{next(runs)}.arrow"))
+                    for i, chunk in enumerate(batches):
+                        acts = activations_of(chunk).reshape(-1, width).float().cpu().numpy()
+                        at = slice(i * batch * context, i * batch * context + len(acts))
+                        writer.write_batch({name: acts, "token_id": chunk.reshape(-1).to(torch.int32).cpu().numpy(),
+                                            "document": document[at], "position": position[at]})
+                    writer.finalize()
+                    writer.close()
+                return run
 
-        bridge = TransformerBridge.boot_transformers(str(ckpt.gpt2), hf_model=hf)
-        hook = "blocks.11.hook_resid_post"
-        fns["TransformerBridge"] = written(lambda chunk: bridge.run_with_cache(
-            chunk, names_filter=hook, stop_at_layer=12)[1][hook])
-        fns["TransformerBridge, whole model"] = written(lambda chunk: bridge.run_with_cache(
-            chunk, names_filter=hook)[1][hook])
-    else:
-        skipped.append("TransformerBridge")
-    if importlib.util.find_spec("nnsight") is not None:
-        from nnsight.modeling.transformers import TransformersModel
+            fns = {"ours": ours, "transformers hook, stopped": written(functools.partial(_hf_stopped, hf, layer))}
+            if importlib.util.find_spec("nnsight") is not None:
+                from nnsight.modeling.transformers import TransformersModel
 
-        traced = TransformersModel(hf, task="text-generation", tokenizer=_ids_tokenizer(hf.config.vocab_size))
+                traced = TransformersModel(hf, task="text-generation",
+                                           tokenizer=_ids_tokenizer(hf.config.vocab_size))
+                fns["nnsight, tracer.stop()"] = written(functools.partial(_nnsight_stopped, traced, layer))
+            if importlib.util.find_spec("transformer_lens") is not None:
+                from transformer_lens.model_bridge import TransformerBridge
 
-        def nnsight_block(chunk, stop: bool):
-            with traced.trace(chunk) as tracer:
-                saved = traced.transformer.h[11].output.save()
-                if stop:
-                    tracer.stop()
-            return saved[0] if isinstance(saved, tuple) else saved
-
-        fns["nnsight"] = written(functools.partial(nnsight_block, stop=True))
-        fns["nnsight, whole model"] = written(functools.partial(nnsight_block, stop=False))
-    else:
-        skipped.append("nnsight")
-    summary = fns["ours"]()  # what ours does, and a warm-up
-    fns["ours compiled"]()  # compiles, once for this shape
-    seconds = interleaved(fns, max(2, repeats // 5), _sync(device))
-    tokens = documents * context
-    rows = []
-    for other in [k for k in fns if k != "ours"]:
-        rows.append({"case": f"GPT-2 124M harvest {name}, {documents}x{context} tokens, b{batch}, fp32",
-                     "other": other, "ours_ms": seconds["ours"] * 1e3, "other_ms": seconds[other] * 1e3,
-                     "ratio": seconds[other] / seconds["ours"], "ours_tokens_per_s": tokens / seconds["ours"],
-                     "other_tokens_per_s": tokens / seconds[other]})
-    rows.append({"case": "where our time went (one run, s)", **summary.timings})
-    rows += [{"case": f"{peer}: skipped", "other": "not installed; pip install -e '.[peers]'"} for peer in skipped]
+                bridge = TransformerBridge.boot_transformers(str(ckpt.gpt2), hf_model=hf)
+                hook = f"blocks.{layer}.hook_resid_post"
+                fns["TransformerBridge, stop_at_layer"] = written(lambda chunk: bridge.run_with_cache(
+                    chunk, names_filter=hook, stop_at_layer=layer + 1)[1][hook])
+            if server is not None:
+                fns["SAELens CacheActivationsRunner"] = saelens(layer, dtype)
+            seconds = interleaved(fns, max(2, repeats // 5), _sync(device))
+            case = f"GPT-2 124M harvest {name}, {documents}x{context} tokens, b{batch}, {_dtype_name(dtype)}"
+            peers = [k for k in fns if k != "ours"]
+            for other in peers:
+                rows.append({"case": case, "other": other, "ours_ms": seconds["ours"] * 1e3,
+                             "other_ms": seconds[other] * 1e3, "ratio": seconds[other] / seconds["ours"],
+                             "ours_tokens_per_s": documents * context / seconds["ours"],
+                             "other_tokens_per_s": documents * context / seconds[other]})
+            best = min(peers, key=seconds.get)
+            rows.append({"case": case, "other": f"vs best peer ({best})",
+                         "ratio": seconds[best] / seconds["ours"]})
+    summary = summaries["layers.11.out", torch.float32]
+    rows.append({"case": f"ours, threads: {summary.threads}"})
+    rows.append({"case": "where our time went (last fp32 run at layers.11.out, s)", **summary.timings})
+    if saelens_python is None:
+        rows.append({"case": "SAELens CacheActivationsRunner: skipped", "other": "--saelens-python PYTHON (a venv with "
+                     "sae-lens, which needs transformer-lens < 4) to run it"})
+    if server is not None:
+        server.stdin.close()
+        server.wait()
     return rows
+
+
+class _Stopped(Exception):
+    """Raised by a forward hook once it has what it came for: the layers above are not run."""
+
+
+def _hf_stopped(hf, layer: int, chunk: torch.Tensor) -> torch.Tensor:
+    """transformers' GPT-2 run up to block `layer`: its output, taken by a forward hook that then stops the pass."""
+    taken = {}
+
+    def take(module, args, output):
+        taken["x"] = output[0] if isinstance(output, tuple) else output
+        raise _Stopped
+
+    handle = hf.transformer.h[layer].register_forward_hook(take)
+    try:
+        hf.transformer(chunk)
+    except _Stopped:
+        pass
+    finally:
+        handle.remove()
+    return taken["x"]
+
+
+def _nnsight_stopped(traced, layer: int, chunk: torch.Tensor) -> torch.Tensor:
+    with traced.trace(chunk) as tracer:
+        saved = traced.transformer.h[layer].output.save()
+        tracer.stop()
+    return saved[0] if isinstance(saved, tuple) else saved
 
 
 CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load, "cold": cold,
@@ -770,6 +849,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20, help="timed runs of each side per measurement")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--saelens-python", metavar="PYTHON", help="harvest: a Python with sae-lens installed (it "
+                                                                   "needs transformer-lens < 4), to time SAELens' "
+                                                                   "CacheActivationsRunner too")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
@@ -783,7 +865,8 @@ def main() -> int:
     ckpt = Checkpoints()
     results = {}
     for case in args.case or list(CASES):
-        results[case] = CASES[case](ckpt, args.repeats, args.device)
+        extra = {"saelens_python": args.saelens_python} if case == "harvest" else {}
+        results[case] = CASES[case](ckpt, args.repeats, args.device, **extra)
         print(f"\n{case}\n{format_table(results[case])}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,18 +37,51 @@ def no_dropout(family: str) -> dict:
     return {f.name: 0.0 for f in dataclasses.fields(config_class) if "drop" in f.name and "float" in str(f.type)}
 
 
+# transformers' attention for a class that has no SDPA path (Gemma 2's: SDPA cannot soft-cap scores), where a test
+# holds our fused path to SDPA's: the class's own eager attention, except that a query that may see no key gets
+# weights and context 0, as SDPA and our two paths give it (eager spreads it evenly over every key). Registered with
+# transformers under this name.
+BLIND_ZEROED = "eager_blind_queries_zeroed"
+
+
+def _eager_blind_queries_zeroed(module, query, key, value, attention_mask, **kwargs):
+    eager = sys.modules[type(module).__module__].eager_attention_forward  # the family's, with its own options
+    context, weights = eager(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is None:
+        return context, weights
+    blind = (attention_mask == torch.finfo(attention_mask.dtype).min).all(-1, keepdim=True)  # [b, 1, q, 1]
+    return context.masked_fill(blind.transpose(1, 2), 0.0), weights.masked_fill(blind, 0.0)
+
+
+def blind_zeroed() -> str:
+    """BLIND_ZEROED, registered with transformers (its attention and its mask, eager's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(BLIND_ZEROED, _eager_blind_queries_zeroed)
+    AttentionMaskInterface.register(BLIND_ZEROED, eager_mask)
+    return BLIND_ZEROED
+
+
+def fused_attention(cls) -> str:
+    """The attention implementation of transformers' class `cls` that our fused path is compared with: "sdpa",
+    or BLIND_ZEROED for a class that has no SDPA path."""
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else blind_zeroed()
+
+
 def reference(family: str, class_name: str | None = None, *, attention: str = "eager", std: float | None = 0.3,
               seed: int = 0, **changes):
     """transformers' class `class_name` (default: the family's LM) built from the family's tiny config with
-    `changes`, in eval mode, with `attention` ("eager" returns probabilities, "sdpa" is transformers' default);
-    weights redrawn with `std` (None: as initialised)."""
+    `changes`, in eval mode, with `attention` ("eager" returns probabilities, "sdpa" is transformers' default, or
+    what stands for it where the class has none: fused_attention); weights redrawn with `std` (None: as
+    initialised)."""
     declared = FAMILIES[family]
     import transformers
 
     config = getattr(transformers, declared.config_class.__name__)(**declared.tiny(**changes).to_dict())
     torch.manual_seed(seed)
-    model = getattr(transformers, class_name or declared.lm.__name__)._from_config(config,
-                                                                                 attn_implementation=attention)
+    cls = getattr(transformers, class_name or declared.lm.__name__)
+    model = cls._from_config(config, attn_implementation=fused_attention(cls) if attention == "sdpa" else attention)
     return (randomize_(model, std, seed) if std else model).eval()
 
 
@@ -217,7 +251,8 @@ def check_causal_lm(family: str, reference, directory, inputs: dict, device: str
     """Our base class and LM of a causal `family`, loaded from `directory`, against `reference` (transformers' LM
     with eager attention), all on `device`: our explicit path against its eager attention where a query sees a key
     (at a padding query that sees none, eager spreads evenly while we and SDPA give 0) and against its SDPA at the
-    blind ones; both our paths against its SDPA everywhere; every pair of modules the mapping table compares.
+    blind ones; both our paths against its SDPA everywhere (for a class without SDPA, its eager attention with
+    blind queries zeroed: fused_attention); every pair of modules the mapping table compares.
     Returns the worst |diff| of each."""
     from scratch_models_cli.verify import compare_modules
 
@@ -231,7 +266,7 @@ def check_causal_lm(family: str, reference, directory, inputs: dict, device: str
         # no probabilities asked: the fused SDPA path, against transformers' SDPA path
         fused = model(**inputs, output_hidden_states=True)
         base = declared.base.from_pretrained(directory, device=device)(**inputs, output_hidden_states=True)
-        reference.set_attn_implementation("sdpa")
+        reference.set_attn_implementation(fused_attention(type(reference)))
         try:
             ref_fused = reference(**inputs, output_hidden_states=True)
         finally:
@@ -271,6 +306,24 @@ def check_causal_lm(family: str, reference, directory, inputs: dict, device: str
     assert not failed, f"table rows beyond {ATOL:.0e} + {ATOL:.0e}*|ref| (logits {LOGITS_ATOL:.0e}): {failed}"
     worst["table rows"] = max(c.max_abs for c in compared)
     return worst
+
+
+def assert_bridge_tensors(cache, theirs, names, skip: tuple[str, ...] = ()) -> list[str]:
+    """Each of `names` (TransformerLens names whose tensors TL's TransformerBridge cached in `theirs`) but those
+    ending in `skip`: our `cache` answers it with the bridge's tensor (its shape, infinities where it has them,
+    values within 1e-6). Returns the names compared."""
+    compared = []
+    for name in names:
+        if name.endswith(skip):
+            continue
+        assert name in cache, f"{name}: the bridge has it, ours answers no"
+        mine, bridge_tensor = cache[name], theirs[name]
+        assert mine.shape == bridge_tensor.shape, name
+        finite = bridge_tensor.isfinite()
+        assert torch.equal(finite, mine.isfinite()), name
+        assert torch.allclose(mine[finite], bridge_tensor[finite], atol=1e-6, rtol=1e-6), name
+        compared.append(name)
+    return compared
 
 
 def byte_level_bpe(texts: list[str], vocab_size: int):

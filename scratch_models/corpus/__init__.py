@@ -3,9 +3,9 @@ torchrun), `iter_activations` hands them over batch by batch. Needs Hugging Face
 (`pip install 'scratch-models[harvest]'`); not imported by `import scratch_models`.
 """
 
-from .harvest import Summary, harvest, iter_activations, run_harvest
+from .harvest import Interrupted, Summary, Threads, harvest, iter_activations, run_harvest
 from .reading import Corpus, CorpusError, Document
 from .storage import DiskFull, HarvestError, as_bfloat16
 
-__all__ = ["Corpus", "CorpusError", "DiskFull", "Document", "HarvestError", "Summary", "as_bfloat16", "harvest",
-           "iter_activations", "run_harvest"]
+__all__ = ["Corpus", "CorpusError", "DiskFull", "Document", "HarvestError", "Interrupted", "Summary", "Threads",
+           "as_bfloat16", "harvest", "iter_activations", "run_harvest"]

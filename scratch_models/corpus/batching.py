@@ -24,7 +24,7 @@ from typing import Iterable, Iterator
 
 from .reading import Corpus, CorpusError, Document
 
-TOKENIZE_BATCH = 256  # documents the tokenizer encodes at once (its Rust side runs them in parallel)
+TOKENIZE_BATCH = 256  # documents checked or tokenized at a time
 
 
 @dataclasses.dataclass
@@ -64,9 +64,8 @@ def tokenize(corpus: Corpus, tokenizer, *, add_special_tokens: bool, prepend_bos
                 ids = bos + doc.ids
                 yield Tokenized(doc, ids, [i in special_ids for i in ids], [0] * len(ids))
             continue
-        inputs = [doc.text if doc.pair is None else (doc.text, doc.pair) for doc in documents]
-        for doc, encoding in zip(documents, tokenizer.backend.encode_batch(inputs,
-                                                                           add_special_tokens=add_special_tokens)):
+        for doc in documents:  # one at a time: encode_batch's threads would take cores from the forward passes
+            encoding = tokenizer.backend.encode(doc.text, doc.pair, add_special_tokens=add_special_tokens)
             yield Tokenized(doc, bos + encoding.ids, [True] * len(bos) + [bool(s) for s in
                                                                           encoding.special_tokens_mask],
                             [0] * len(bos) + encoding.type_ids)

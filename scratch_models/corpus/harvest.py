@@ -13,19 +13,21 @@ whole corpus (to know where each shard begins), and runs the model on its own sh
 manifest once all have finished.
 """
 
+import collections
 import contextlib
 import dataclasses
 import os
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from .plan import WINDOW_ROWS, Options, Plan, load_model, peek
-from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, ShardWriter, check_out, check_space, done_blocks,
-                      features, finish, row_bytes, to_numpy, write_json_atomic, human_bytes)
+from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, OutLock, ShardWriter, check_out, check_space,
+                      done_blocks, features, finish, human_bytes, kept_parts, row_bytes, to_numpy, write_json_atomic)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20
 
@@ -46,6 +48,7 @@ class Summary:
     dropped_tokens: int  # the SAELens layout's short last sequence
     padding: float  # share of the forward batches' positions that were padding
     timings: dict  # where this process's time went, in seconds
+    threads: str = ""  # the threads it ran on, in words
 
     def format(self) -> str:
         rate = self.tokens / self.seconds if self.seconds else 0.0
@@ -61,14 +64,17 @@ class Summary:
                          "row a full context)")
         spent = ", ".join(f"{what} {seconds:.1f} s" for what, seconds in self.timings.items())
         lines.append(f"  time (this process): {spent}")
+        if self.threads:
+            lines.append(f"  threads (this process): {self.threads}")
         return "\n".join(lines)
 
 
 def harvest(model, data, names, out, *, overwrite: bool = False, compile: bool = False, device=None,
             model_dtype=None, shard_bytes: int = DEFAULT_SHARD_BYTES, space_check: bool = True,
-            progress: bool = True, **options) -> "datasets.Dataset":  # noqa: F821
-    """Run `model` over every document of `data` and write the tensors of the hook points `names` (names or globs,
-    `layers.*.out`) to `out`, one row per token kept; return them as a datasets.Dataset (memory-mapped).
+            progress: bool = True, threads: int | None = None, **options) -> "datasets.Dataset":  # noqa: F821
+    """Run `model` over every document of `data` and write the tensors of the hook points `names` (ours or
+    TransformerLens', or globs where `*` is one part of a name, `layers.*.out`; each stored under the name given) to
+    `out`, one row per token kept; return them as a datasets.Dataset (memory-mapped).
 
     `model`: one of our models (with its tokenizer), or a checkpoint (a name from_pretrained takes), loaded as the
     narrowest class that has the names, on `device` in `model_dtype`. `data`: a .txt / .jsonl / .csv / .parquet
@@ -77,24 +83,31 @@ def harvest(model, data, names, out, *, overwrite: bool = False, compile: bool =
     drop_special, prepend_bos, batch_size, text_column, pair_column, ids_column, layout ("rows", "saelens"),
     dtype (storage: "float32", "float16", "bfloat16").
 
-    Run again with the same arguments, it resumes from the shards on disk (after a crash or a kill); other
-    settings are refused unless `overwrite`. `shard_bytes`: about how large a shard grows (what a kill can cost).
-    `compile`: run the model through compile_model (one graph per batch shape)."""
+    Run again with the same arguments, it resumes from the shards on disk (after a crash, a kill or Ctrl-C, which
+    raises `Interrupted`); other settings are refused unless `overwrite`, and a second harvest into `out` while one
+    runs is refused. `shard_bytes`: about how large a shard grows; what is written of one is made to survive a kill
+    every 30 s, so a kill costs at most that much work. `compile`: run the model through compile_model (one graph
+    per batch shape). `threads`: the CPU threads to run on (default: the cores this process may use, shared among
+    the processes of a torchrun on this machine, at most OMP_NUM_THREADS when set); each runs forward passes of its
+    own on one torch thread, so a busy core slows only its own thread (see `Threads`)."""
     return run_harvest(model, data, names, out, overwrite=overwrite, compile=compile, device=device,
                        model_dtype=model_dtype, shard_bytes=shard_bytes, space_check=space_check, progress=progress,
-                       **options)[0]
+                       threads=threads, **options)[0]
 
 
 def iter_activations(model, data, names, *, compile: bool = False, device=None, model_dtype=None,
                      **options) -> Iterator[dict[str, torch.Tensor]]:
     """The rows `harvest` would write, a forward batch at a time, without disk: hook name -> [rows, *row_shape] on
     the model's device (in `dtype` when given, else the model's), and "token_id", "document", "position" -> [rows]
-    on the CPU. For training on the fly (an SAE, a probe) as sparsify and dictionary_learning read activations."""
+    on the CPU. For training on the fly (an SAE, a probe) as sparsify and dictionary_learning read activations.
+    The forward passes run in the caller's thread on torch's threads as they are set (harvest runs each on one
+    torch thread: the same bits as here under torch.set_num_threads(1); other thread counts may round otherwise)."""
     plan = _plan(model, data, names, Options(**options), compile, device, model_dtype)
     dtype = plan.options.dtype
     for block in plan.blocks(WINDOW_ROWS):
         for batch in plan.batches(block):
-            rows = plan.runner.run(batch)
+            with plan.runner.listening():  # not across a yield: the caller may run the model meanwhile
+                rows = plan.runner.run(batch)
             if dtype is not None:
                 rows = {k: v.to(STORAGE_DTYPES[dtype]) if k in plan.names else v for k, v in rows.items()}
             yield rows
@@ -109,33 +122,45 @@ def _plan(model, data, names, options: Options, compile: bool, device, model_dty
     return Plan(model, data, names, options, compile=compile)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A harvest stopped by Ctrl-C: its message says what is kept (the same call resumes)."""
+
+
 def run_harvest(model, data, names, out, *, overwrite=False, compile=False, device=None, model_dtype=None,
-                shard_bytes=DEFAULT_SHARD_BYTES, space_check=True, progress=True, **options):
+                shard_bytes=DEFAULT_SHARD_BYTES, space_check=True, progress=True, threads=None, **options):
     """`harvest`, returning (dataset, Summary)."""
     start = time.perf_counter()
     out = Path(out).expanduser().resolve()
-    with _distributed(device) as (rank, world, device):
+    with _distributed(device) as (rank, world, device), contextlib.ExitStack() as held:
         options = Options(**options)
         options.dtype = options.dtype or "float32"
         plan = _plan(model, data, names, options, compile, device, model_dtype)
-        settings = plan.settings()
-        _agree(rank, world, lambda: _prepare(out, settings, overwrite))
+        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile))
+        # where a shard ends depends on its size: a resume with another size would skip or repeat rows
+        settings = plan.settings() | {"shard_bytes": shard_bytes}
+        # rank 0 holds the directory's lock for all (a second harvest there refuses at once)
+        _agree(rank, world, lambda: _prepare(out, settings, overwrite, held))
         layouts = plan.layouts
         saelens_context = plan.options.context if plan.options.layout == "saelens" else None
         shard_features = features(layouts, plan.options.dtype, saelens_context)
         per_row = row_bytes(layouts, plan.options.dtype)
         rows_per_block = max(1, shard_bytes // per_row)
-        done = done_blocks(out)
+        done, kept = done_blocks(out), kept_parts(out)
         first, blocks = peek(plan.blocks(rows_per_block))
         estimate = _estimate(plan, first, per_row)
         if space_check and estimate is not None and rank == 0:
-            written = sum(counts["bytes"] for counts in done.values())
+            written = sum(counts["bytes"] for counts in done.values()) + sum(k["bytes"] for k in kept.values())
             check_space(out, max(0, estimate["bytes"] - written), estimate["basis"])
-        state = _Run(plan, out, shard_features, rank, world, progress, estimate, done)
+        state = _Run(plan, out, shard_features, rank, world, progress, estimate, done, kept, chosen)
         try:
-            total = state.run(blocks)
-        finally:
-            state.close_bar()
+            with plan.runner.listening():
+                total = state.run(blocks)
+        except BaseException as e:
+            state.stop()
+            if isinstance(e, KeyboardInterrupt):
+                raise Interrupted(_interrupted(out, estimate, rows_per_block * per_row)) from None
+            raise
+        state.close_bar()
         tokens = _all_ranks(state.tokens, world)
         _barrier(world)  # every shard is on disk
         summary = _summary(plan, out, state, total, tokens, time.perf_counter() - start)
@@ -150,22 +175,79 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
     return dataset, summary
 
 
-def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
+def _prepare(out: Path, settings: dict, overwrite: bool, held: contextlib.ExitStack) -> None:
+    held.enter_context(OutLock(out))
     manifest = check_out(out, settings, overwrite)
     if manifest is None:
         write_json_atomic(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running",
                                            "settings": settings})
 
 
+def _interrupted(out: Path, estimate: dict | None, shard_bytes: int) -> str:
+    done, kept = done_blocks(out), kept_parts(out)
+    total = f" of about {max(len(done), -(-estimate['bytes'] // shard_bytes))}" if estimate else ""
+    part = f", and {human_bytes(sum(k['bytes'] for k in kept.values()))} of unfinished ones" if kept else ""
+    return f"interrupted: {len(done)}{total} shards kept{part}; the same command resumes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Threads:
+    """The CPU threads a harvest runs on: `forward` threads each running forward passes of their own (batch after
+    batch, in order of the corpus when written), each on `torch` intra-op threads; the tokenizer and the writer
+    one thread each. Forward passes side by side rather than one forward pass over all cores: on a core that
+    another process also uses, a thread that waits for the others at every operation (torch's intra-op threads)
+    slows them all (issue 29 measured 74-91 tokens/s against 535-783 on one thread), while a thread of its own
+    slows only itself. The rows are the same whatever the threads: each forward pass runs on one torch thread."""
+
+    forward: int
+    torch: int
+
+    MAX_FORWARD = 8  # beyond, each forward thread takes several torch threads (memory: a batch in flight each)
+
+    @classmethod
+    @contextlib.contextmanager
+    def chosen(cls, threads: int | None, device: torch.device, compile: bool):
+        """The threads for `threads` CPU threads (None: see harvest), torch's set for the block and set back."""
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be at least 1, got {threads!r}")
+        if device.type != "cpu":
+            chosen = cls(1, torch.get_num_threads())
+        else:
+            cores = threads or _cpu_threads()
+            forward = 1 if compile else min(cores, cls.MAX_FORWARD)  # a compiled model runs one call at a time
+            chosen = cls(forward, max(1, cores // forward))
+        before = torch.get_num_threads()
+        torch.set_num_threads(chosen.torch)
+        try:
+            yield chosen
+        finally:
+            torch.set_num_threads(before)
+
+    def __str__(self) -> str:
+        return (f"{self.forward} forward thread{'s' * (self.forward != 1)} on {self.torch} torch thread"
+                f"{'s' * (self.torch != 1)} each, the tokenizer and the writer one each")
+
+
+def _cpu_threads() -> int:
+    """The cores this process may use, shared among torchrun's processes on this machine; at most OMP_NUM_THREADS
+    when it is set (torchrun sets it to 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    limit = os.environ.get("OMP_NUM_THREADS", "")
+    return min(cores, int(limit)) if limit.isdigit() and int(limit) > 0 else cores
+
+
 class _Run:
-    """One process's share of a harvest: the blocks it owns and has not done, through the model and the writer."""
+    """One process's share of a harvest: the blocks it owns and has not done, through the model (forward threads
+    side by side) and the writer, in order."""
 
     def __init__(self, plan: Plan, out: Path, shard_features, rank: int, world: int, progress: bool,
-                 estimate: dict | None, done: dict):
+                 estimate: dict | None, done: dict, kept: dict, threads: Threads):
         self.plan, self.out, self.rank, self.world = plan, out, rank, world
-        self.done = done
+        self.done, self.kept, self.threads = done, kept, threads
         self.writer = ShardWriter(out, shard_features)
-        self.timings = {"reading and tokenizing": 0.0, "forward": 0.0, "rows to numpy": 0.0}
+        self.pool = ThreadPoolExecutor(threads.forward, thread_name_prefix="harvest-forward")
+        self.timings = {"reading and tokenizing": 0.0, "forward (all threads)": 0.0, "rows to numpy": 0.0}
         self.tokens = self.positions = self.padded = self.dropped = 0
         self.bar = None
         if progress and rank == 0:
@@ -173,8 +255,10 @@ class _Run:
 
             # the ETA is for this rank's share; the others run alongside
             total = estimate["tokens"] // world if estimate else None
+            mine = [c for b, c in done.items() if b % world == rank] + [
+                k["counts"] for b, k in kept.items() if b % world == rank]
             self.bar = tqdm(total=total, unit="tok", unit_scale=True, desc="harvest", dynamic_ncols=True,
-                            initial=sum(c["tokens"] for b, c in done.items() if b % world == rank))
+                            initial=sum(c["tokens"] for c in mine))
 
     def run(self, blocks) -> int:
         """Run this rank's blocks; the number of blocks in the corpus."""
@@ -186,44 +270,75 @@ class _Run:
             if index % self.world == self.rank and index not in self.done:
                 self._block(index, block)
             clock = time.perf_counter()
+        self.pool.shutdown()
         self.writer.close()
         self.timings["writing (thread)"] = self.writer.write_seconds
         self.timings["waiting for the writer"] = self.writer.wait_seconds
         return count
 
+    def stop(self) -> None:
+        """After an interrupt or an error: no more forward passes, what is written kept, the bar left as it is."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.writer.stop()
+        if self.bar is not None:
+            self._show_written()
+            self.bar.close()
+
     def _block(self, index: int, block) -> None:
-        plan, dtype = self.plan, self.plan.options.dtype
+        plan = self.plan
         saelens = plan.options.layout == "saelens"
-        counts = {"block": index, "rank": self.rank, "rows": 0, "tokens": 0, "sequences": 0, "dropped_tokens": 0,
-                  "documents": [block[0].document[0], block[-1].document[-1]]}
-        self.writer.begin(index)
-        for batch in plan.batches(block):
+        kept = self.kept.get(index)
+        counts = dict(kept["counts"]) if kept else {
+            "block": index, "rank": self.rank, "rows": 0, "tokens": 0, "sequences": 0, "dropped_tokens": 0,
+            "documents": [block[0].document[0], block[-1].document[-1]]}
+        counts["rank"] = self.rank
+        self.writer.begin(index, kept)
+        pending = collections.deque()  # (batch number, batch, its rows to come, tokens left out), in order
+        for number, batch in enumerate(plan.batches(block)):
+            if kept and number < kept["batches"]:
+                continue
+            dropped = 0
             if saelens:
-                short = [s for s in batch if len(s) != plan.options.context]
-                counts["dropped_tokens"] += sum(len(s) for s in short)
+                dropped = sum(len(s) for s in batch if len(s) != plan.options.context)
                 batch = [s for s in batch if len(s) == plan.options.context]
-                if not batch:
-                    continue
-            clock = time.perf_counter()
-            rows = plan.runner.run(batch)
-            if plan.runner.device.type == "cuda":
-                torch.cuda.synchronize(plan.runner.device)
-            middle = time.perf_counter()
-            columns = self._columns(rows, batch, saelens, dtype)
-            self.timings["forward"] += middle - clock
-            self.timings["rows to numpy"] += time.perf_counter() - middle
-            self.writer.write(columns)
-            tokens = sum(len(s) for s in batch)
-            counts["rows"] += len(next(iter(columns.values())))
-            counts["tokens"] += tokens
-            counts["sequences"] += len(batch)
-            self.tokens += tokens
-            self.positions += len(batch) * max(len(s) for s in batch)
-            if self.bar is not None:
-                self.bar.update(tokens)
-                self.bar.set_postfix_str(f"{human_bytes(self.writer.bytes_written)} written", refresh=False)
-        self.dropped += counts["dropped_tokens"]
+            pending.append((number, batch, self.pool.submit(self._compute, batch) if batch else None, dropped))
+            if len(pending) > 2 * self.threads.forward:
+                self._write(*pending.popleft(), counts)
+        while pending:
+            self._write(*pending.popleft(), counts)
         self.writer.end(counts)
+
+    def _compute(self, batch) -> tuple[dict, float, float]:
+        """In a forward thread: the batch's columns, and the seconds of its forward pass and of its rows."""
+        clock = time.perf_counter()
+        rows = self.plan.runner.run(batch)
+        if self.plan.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.plan.runner.device)
+        middle = time.perf_counter()
+        columns = self._columns(rows, batch, self.plan.options.layout == "saelens", self.plan.options.dtype)
+        return columns, middle - clock, time.perf_counter() - middle
+
+    def _write(self, number: int, batch, future, dropped: int, counts: dict) -> None:
+        counts["dropped_tokens"] += dropped
+        self.dropped += dropped
+        if future is None:
+            return
+        columns, forward, numpy = future.result()
+        self.timings["forward (all threads)"] += forward
+        self.timings["rows to numpy"] += numpy
+        tokens = sum(len(s) for s in batch)
+        counts["rows"] += len(next(iter(columns.values())))
+        counts["tokens"] += tokens
+        counts["sequences"] += len(batch)
+        self.writer.write(columns, {"batches": number + 1, "counts": dict(counts)})
+        self.tokens += tokens
+        self.positions += len(batch) * max(len(s) for s in batch)
+        if self.bar is not None:
+            self.bar.update(tokens)
+            self._show_written()
+
+    def _show_written(self) -> None:
+        self.bar.set_postfix_str(f"{human_bytes(self.writer.bytes_written)} written", refresh=False)
 
     def _columns(self, rows, batch, saelens: bool, dtype: str) -> dict:
         plan = self.plan
@@ -238,10 +353,11 @@ class _Run:
                           "position": rows["position"].to(torch.int32).numpy()}
 
     def close_bar(self) -> None:
-        """The bar's last line: what was done (the estimate is replaced by it) and every byte written."""
+        """The bar's last line once finished: what was done (the estimate is replaced by it) and every byte
+        written."""
         if self.bar is not None:
             self.bar.total = self.bar.n
-            self.bar.set_postfix_str(f"{human_bytes(self.writer.bytes_written)} written", refresh=False)
+            self._show_written()
             self.bar.close()
 
 
@@ -289,7 +405,7 @@ def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, secon
                    empty_documents=plan.counts.get("empty", 0),
                    dropped_tokens=sum(c["dropped_tokens"] for c in done.values()),
                    padding=1 - state.tokens / state.positions if state.positions else 0.0,
-                   timings={k: round(v, 3) for k, v in state.timings.items()})
+                   timings={k: round(v, 3) for k, v in state.timings.items()}, threads=str(state.threads))
 
 
 def _manifest(settings: dict, summary: Summary, plan: Plan, world: int) -> dict:

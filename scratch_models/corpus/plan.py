@@ -6,10 +6,10 @@ its tokenizer (`special_ids`): no family is named here.
 """
 
 import dataclasses
-import fnmatch
 import hashlib
 import itertools
 import weakref
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -43,29 +43,28 @@ class Options:
 
 
 def load_model(source, patterns, *, device=None, dtype=None):
-    """The narrowest class of the checkpoint's family that has hook points matching every pattern (the base
-    model unless a name lives in a head, such as `logits`), loaded; a head whose tensors the checkpoint lacks is
-    passed over."""
+    """The narrowest class of the checkpoint's family that has hook points for every pattern (ours or
+    TransformerLens' names; the base model unless a name lives in a head, such as `logits`), loaded; a head whose
+    tensors the checkpoint lacks is passed over."""
     from weight_mapping import open_checkpoint
 
     checkpoint = open_checkpoint(source)
     family = family_of(checkpoint)
     config = family.config_of(checkpoint)
-    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-    candidates = []
+    first_error = None
     for cls in family.classes:
         try:
             with torch.device("meta"):
-                candidates.append((cls, cls(config).hook_points()))
-        except ValueError:  # a head this config cannot build
+                resolve_names(cls(config), patterns)
+        except ValueError as e:  # a head this config cannot build, or a name it has not
+            first_error = first_error or e
             continue
-    for cls, points in candidates:
-        if all(any(fnmatch.fnmatchcase(name, p) for name in points) for p in patterns) and (
-                cls is family.base or not family.missing_head_tensors(checkpoint, config, cls)):
+        if cls is family.base or not family.missing_head_tensors(checkpoint, config, cls):
             return cls.from_pretrained(checkpoint, config=config, device=device, dtype=dtype)
-    resolve_names({name: None for _, points in candidates for name in points}, patterns)  # names the pattern
-    raise ValueError(f"{source}: no class of the {family.title} family has hook points matching all of "
-                     f"{', '.join(patterns)} and the tensors for them in this checkpoint")
+        first_error = ValueError(f"{source}: no class of the {family.title} family has hook points matching all of "
+                                 f"{', '.join([patterns] if isinstance(patterns, str) else patterns)} and the "
+                                 "tensors for them in this checkpoint")
+    raise first_error
 
 
 def weights_hash(model) -> str:
@@ -108,9 +107,8 @@ class Plan:
         self.corpus = data if isinstance(data, Corpus) else Corpus(
             data, text_column=options.text_column, pair_column=options.pair_column, ids_column=options.ids_column)
         self._check_options(family)
-        points = model.hook_points()
-        self.names = resolve_names(points, names)
-        self.layouts: dict[str, Layout] = layouts(model, self.names, options.positions)
+        self.names = resolve_names(model, names)
+        self.layouts: dict[str, Layout] = layouts(model, self.names, options.positions, family.input_names)
         if options.layout == "saelens":
             self._check_saelens()
         self.runner = Runner(model, self.names, self.layouts, positions=options.positions,
@@ -194,7 +192,10 @@ class Plan:
     def settings(self) -> dict:
         """What identifies the harvest: resuming with anything else is refused."""
         o = self.options
-        return {"model": getattr(self.tokenizer, "source", None) and str(self.tokenizer.source),
+        source = getattr(self.tokenizer, "source", None)
+        if source is not None and Path(source).expanduser().exists():  # a path given relative or absolute alike
+            source = Path(source).expanduser().resolve()
+        return {"model": source and str(source),
                 "model_class": type(self.model).__name__, "weights_sha256": weights_hash(self.model),
                 "names": self.names, "dtype": o.dtype, "data": self.corpus.fingerprint(), "batching": o.batching,
                 "context": o.context, "positions": o.positions, "drop_special": o.drop_special,

@@ -103,8 +103,8 @@ class Corpus:
         """What identifies the data for a resumed harvest: the files with their sizes and modification times (a
         dataset's own fingerprint for a datasets.Dataset; a hash of the texts for a list), and the columns read.
         None in "source" when nothing identifies it (an IterableDataset built in Python)."""
-        if self.files:
-            source = [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in self.files]
+        if self.files:  # absolute: the same file given relative and absolute is the same data
+            source = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in self.files]
         elif isinstance(self.data, list):
             source = hashlib.sha256(json.dumps(self.data).encode()).hexdigest()
         else:

@@ -7,6 +7,7 @@
       data-00000.json           ArrowWriter, with its counts beside it
       ...
       state.json, dataset_info.json   written last: `datasets.load_from_disk(out)` memory-maps the shards
+      harvest.lock              while a harvest runs: who runs it (pid, host, start), locked (flock) by that process
 
 A shard is written under a temporary name and renamed once complete (its counts first), so a shard file that
 exists is whole: a run killed at any moment resumes from the shards there. Arrow has no bfloat16: bfloat16 rows
@@ -16,8 +17,10 @@ are stored as their 16-bit patterns (uint16), which `as_bfloat16` reads back as 
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import json
 import os
+import socket
 import queue
 import threading
 import time
@@ -27,10 +30,12 @@ import numpy as np
 import torch
 
 MANIFEST = "harvest.json"
+LOCK = "harvest.lock"
 FORMAT = "scratch-models harvest"
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ARROW_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
-_OURS = ("harvest.json", "state.json", "dataset_info.json")  # and data-*.arrow, data-*.json, *.partial
+# and data-*.arrow, data-*.json (counts, kept parts), data-*.arrow.partial and .partial.kept
+_OURS = (MANIFEST, "state.json", "dataset_info.json")
 
 
 class HarvestError(ValueError):
@@ -85,6 +90,11 @@ def shard_name(block: int) -> str:
     return f"data-{block:05d}.arrow"
 
 
+def kept_name(block: int) -> str:
+    """What of a shard's `.partial` file is kept after a kill: its length then, and the counts of its batches."""
+    return f"data-{block:05d}.kept.json"
+
+
 def done_blocks(out: Path) -> dict[int, dict]:
     """Block index -> the counts of each complete shard in `out`."""
     done = {}
@@ -95,12 +105,33 @@ def done_blocks(out: Path) -> dict[int, dict]:
     return done
 
 
+def kept_parts(out: Path) -> dict[int, dict]:
+    """Block index -> what is kept of an unfinished shard (see ShardWriter): {"batches": forward batches written,
+    "bytes": the length of the .partial file that holds them, "counts": the shard's counts so far}."""
+    kept = {}
+    for path in out.glob("data-*.kept.json"):
+        block = int(path.name.removeprefix("data-").removesuffix(".kept.json"))
+        partial = out / f"{shard_name(block)}.partial"
+        source = _aside(partial) if _aside(partial).is_file() else partial  # a resume killed while it copied
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if source.is_file() and source.stat().st_size >= record["bytes"]:
+            kept[block] = record
+    return kept
+
+
+KEEP_SECONDS = 30.0  # how often the writer makes what it wrote of a shard survive a kill
+
+
 class ShardWriter:
     """Writes shards in a thread of its own, so the forward passes go on while rows reach the disk.
 
-    `begin(block)`, `write(columns)` (numpy arrays, rows first), `end(counts)`: one shard. At most `depth` batches
-    wait in the queue, so memory stays bounded whatever the writer's pace. An error in the thread (a full disk)
-    is raised by the next call."""
+    `begin(block, kept)`, `write(columns, progress)` (numpy arrays, rows first; the shard's counts after this batch,
+    with "batches" written), `end(counts)`: one shard. Every KEEP_SECONDS the shard's `.partial` file is flushed
+    to disk and its length and counts recorded (`data-NNNNN.kept.json`), so a kill costs at most that much work:
+    `begin` with that record copies the batches it covers into a new `.partial` (the same bytes) and the caller
+    goes on from the next batch. `stop()` records what is written before it closes (an interrupt). At most `depth`
+    batches wait in the queue, so memory stays bounded whatever the writer's pace. An error in the thread (a full
+    disk) is raised by the next call. `bytes_written`: the shards' bytes so far, the unfinished one's included."""
 
     def __init__(self, out: Path, features, depth: int = 2):
         self.out, self.features = out, features
@@ -112,11 +143,11 @@ class ShardWriter:
         self.thread = threading.Thread(target=self._work, name="harvest-writer", daemon=True)
         self.thread.start()
 
-    def begin(self, block: int) -> None:
-        self._put(("begin", block))
+    def begin(self, block: int, kept: dict | None = None) -> None:
+        self._put(("begin", (block, kept)))
 
-    def write(self, columns: dict[str, np.ndarray]) -> None:
-        self._put(("rows", columns))
+    def write(self, columns: dict[str, np.ndarray], progress: dict) -> None:
+        self._put(("rows", (columns, progress)))
 
     def end(self, counts: dict) -> None:
         self._put(("end", counts))
@@ -126,6 +157,14 @@ class ShardWriter:
         self._put(None)
         self.thread.join()
         self._raise()
+
+    def stop(self) -> None:
+        """Keep what is written of the unfinished shard, and close (after an interrupt or an error: no error of
+        the thread's is raised)."""
+        with contextlib.suppress(BaseException):
+            self._put(("keep", None))
+            self._put(None)
+            self.thread.join()
 
     def _put(self, item) -> None:
         self._raise()
@@ -147,45 +186,71 @@ class ShardWriter:
     def _work(self) -> None:
         from datasets.arrow_writer import ArrowWriter
 
-        writer, partial, block = None, None, None
+        writer, partial, block, progress, committed = None, None, None, None, 0
+        kept_at = time.monotonic()
         while True:
             item = self.queue.get()
             if item is None:
+                if writer is not None:
+                    writer.close()
                 return
             kind, value = item
             start = time.perf_counter()
             try:
                 if kind == "begin":
-                    block = value
+                    (block, kept), progress = value, None
                     partial = self.out / f"{shard_name(block)}.partial"
+                    if kept is not None:
+                        _set_aside(partial)
                     writer = ArrowWriter(features=self.features, path=str(partial))
+                    if kept is not None:
+                        _write_kept(writer, _aside(partial), kept["bytes"])
+                        progress = kept
                 elif kind == "rows":
-                    writer.write_batch(value)
+                    columns, progress = value
+                    writer.write_batch(columns)
+                    if time.monotonic() - kept_at >= KEEP_SECONDS:
+                        self._keep(writer, block, progress)
+                        kept_at = time.monotonic()
+                elif kind == "keep":
+                    if writer is not None and progress is not None:
+                        self._keep(writer, block, progress)
                 else:
                     writer.finalize()
                     writer.close()
                     writer = None
-                    self._commit(block, partial, value)
+                    committed += self._commit(block, partial, value)
+                if writer is not None:
+                    writer.stream.flush()
+                self.bytes_written = committed + (writer.stream.tell() if writer is not None else 0)
             except BaseException as e:  # kept for the caller; this thread takes nothing more
                 if writer is not None:
                     with contextlib.suppress(OSError):  # closing flushes, and a full disk refuses that too
                         writer.close()
                 if partial is not None:
                     partial.unlink(missing_ok=True)
+                    (self.out / kept_name(block)).unlink(missing_ok=True)
                 self.error = _disk_error(e, self.out, block)
                 self._drain()
                 return
             self.write_seconds += time.perf_counter() - start
 
-    def _commit(self, block: int, partial: Path, counts: dict) -> None:
+    def _keep(self, writer, block: int, progress: dict) -> None:
+        """The batches written so far survive a kill: the file on disk up to here, and a record of it."""
+        writer.stream.flush()
+        os.fsync(writer.stream.fileno())
+        write_json_atomic(self.out / kept_name(block), progress | {"bytes": writer.stream.tell()})
+
+    def _commit(self, block: int, partial: Path, counts: dict) -> int:
         """Counts first, then the shard under its own name: a shard file that exists is complete."""
         _fsync(partial)
         arrow = self.out / shard_name(block)
         counts = counts | {"bytes": partial.stat().st_size}
         write_json_atomic(arrow.with_suffix(".json"), counts)
         os.replace(partial, arrow)
+        (self.out / kept_name(block)).unlink(missing_ok=True)
         _fsync_directory(self.out)
-        self.bytes_written += counts["bytes"]
+        return counts["bytes"]
 
     def _drain(self) -> None:
         """Take what the caller still queues, so it never blocks on a thread that has stopped."""
@@ -195,6 +260,32 @@ class ShardWriter:
                     return
             except queue.Empty:
                 return
+
+
+def _aside(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".kept")
+
+
+def _set_aside(partial: Path) -> None:
+    """Set a killed run's .partial aside (as .partial.kept) before a new one is written from the part kept; a
+    .partial.kept already there is the original, from a resume killed while it copied."""
+    if not _aside(partial).exists():
+        os.replace(partial, _aside(partial))
+
+
+def _write_kept(writer, aside: Path, length: int) -> None:
+    """The record batches of the first `length` bytes of `aside` (a stream `writer`'s kind wrote), written again:
+    the same batches give the same bytes."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(aside)) as source:
+        for batch in pa.ipc.open_stream(pa.BufferReader(source.read_buffer(length))):
+            writer.write_table(pa.Table.from_batches([batch]))
+    writer.stream.flush()
+    if writer.stream.tell() != length:
+        raise HarvestError(f"{aside}: its first {length} bytes, written again, take {writer.stream.tell()}: "
+                           "pass --overwrite (overwrite=True) to start again")
+    aside.unlink()
 
 
 def _disk_error(e: BaseException, out: Path, block: int | None) -> BaseException:
@@ -226,10 +317,66 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+class OutLock:
+    """The lock one harvest holds on its directory, so a second one there refuses at once, naming the first (pid,
+    host, start). An flock on `harvest.lock`: the kernel lets go of it when its process ends however it ends, so
+    the lock of a process that is gone is taken over. Also a context manager."""
+
+    def __init__(self, out: Path):
+        self.path = out / LOCK
+        self.fd = None
+
+    def acquire(self) -> "OutLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 4096).decode(errors="replace")
+                os.close(fd)
+                raise HarvestError(f"{self.path.parent}: another harvest is running there ({_holder(holder)}): wait "
+                                   "for it to end, or stop it; the same command then resumes") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:  # its holder removed it between our open and our lock
+                same = False
+            if same:
+                break
+            os.close(fd)
+        who = {"pid": os.getpid(), "host": socket.gethostname(),
+               "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(who).encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # before the unlock: a process waiting on this file sees it gone
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _holder(text: str) -> str:
+    try:
+        who = json.loads(text)
+        return f"pid {who['pid']} on {who['host']}, started {who['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that has not yet said who it is"
+
+
 def remove_harvest(out: Path) -> None:
     """Delete a harvest's own files from `out` (--overwrite); anything else there is left alone."""
     for path in out.iterdir():
-        if path.name in _OURS or path.name.startswith("data-") and path.suffix in (".arrow", ".json", ".partial"):
+        if path.name in _OURS or path.name.startswith("data-") and path.suffix in (".arrow", ".json", ".partial",
+                                                                                    ".kept"):
             path.unlink()
 
 
@@ -242,14 +389,14 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
     if manifest is None:
-        strangers = [p.name for p in out.iterdir()]
+        strangers = [p.name for p in out.iterdir() if p.name != LOCK]
         if strangers:
             raise HarvestError(f"{out}: not empty ({', '.join(sorted(strangers)[:5])}"
                                f"{', ...' if len(strangers) > 5 else ''}) and holds no {MANIFEST}: harvest into a new "
                                "or empty directory")
         return None
-    if overwrite:
-        remove_harvest(out)
+    if overwrite or manifest.get("status") == "running" and not _started(out):
+        remove_harvest(out)  # a start that failed (a document too long, ...) left nothing worth keeping
         return None
     if manifest.get("format") != FORMAT:
         raise HarvestError(f"{manifest_path}: not a scratch-models harvest manifest")
@@ -263,6 +410,11 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
         raise HarvestError(f"{out} holds a harvest of data that cannot be told apart from other data (an "
                            "IterableDataset made in Python): pass --overwrite (overwrite=True) to start again")
     return manifest
+
+
+def _started(out: Path) -> bool:
+    """Whether a harvest in `out` has done any work to keep: a shard, or part of one."""
+    return any(out.glob("data-*.arrow")) or bool(kept_parts(out))
 
 
 def _short(value) -> str:
@@ -294,8 +446,8 @@ def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F82
     them, so datasets.load_from_disk memory-maps them), and return the dataset."""
     import datasets
 
-    for partial in out.glob("*.partial"):  # a killed run's unfinished shard, never finished since
-        partial.unlink()
+    for stale in [*out.glob("*.partial"), *out.glob("*.partial.kept"), *out.glob("data-*.kept.json")]:
+        stale.unlink()  # a killed run's unfinished shard, never finished since
     files = [shard_name(block) for block in range(blocks)]
     missing = [name for name in files if not (out / name).is_file()]
     if missing:

@@ -106,8 +106,7 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
         mask = causal_mask(None, q.shape[2], 0, q.device)
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [batch, heads, query, key]: how well each query fits each key
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
+    s = soft_cap(s, softcap)
     if mask is not None:
         s = s.masked_fill(~mask.keep, torch.finfo(s.dtype).min)  # set, not added: adding could overflow to -inf
     s = scores(s)
@@ -118,6 +117,12 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
     weights = probs(weights)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p else weights
     return torch.matmul(dropped, v), weights  # each query's weighted sum of the values
+
+
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap · tanh(x / cap), in transformers' order of operations: x where |x| << cap, never beyond ±cap (Gemma 2's
+    attention scores and final logits); x itself for no cap."""
+    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def _fused(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, causal: bool, groups: int) -> torch.Tensor:

@@ -42,7 +42,9 @@ def add_parser(commands, model_help: str) -> None:
                         "CacheActivationsRunner writes (one hook point, a row per sequence), so SAELens trains from it")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
     p.add_argument("--shard-size", type=float, default=256, metavar="MB",
-                   help="about how large a shard grows (all a kill can cost)")
+                   help="about how large a shard grows (what is written of one survives a kill every 30 s)")
+    p.add_argument("--threads", type=int, help="CPU threads, each running forward passes of its own (default: the "
+                                               "cores this process may use, at most OMP_NUM_THREADS when set)")
     p.add_argument("--text-column", help="the column of texts (default: text)")
     p.add_argument("--pair-column", help="the column of second segments, for BERT sentence pairs")
     p.add_argument("--ids-column", help="a column of token ids to read instead of texts (default: input_ids when "
@@ -60,20 +62,29 @@ def add_parser(commands, model_help: str) -> None:
 
 def run(args) -> int:
     import os
+    import sys
 
-    from scratch_models.corpus import run_harvest
+    from scratch_models.corpus import Interrupted, run_harvest
 
     at_least_one("--batch-size", args.batch_size)
     if not args.shard_size > 0:
         raise ValueError(f"--shard-size must be more than 0 MB, got {args.shard_size}")
     require_device(args.device)
-    _, summary = run_harvest(args.model, args.data, args.names, args.out, overwrite=args.overwrite,
-                             compile=args.compile, device=args.device, model_dtype=args.model_dtype,
-                             shard_bytes=int(args.shard_size * 2**20), space_check=not args.no_space_check,
-                             progress=not args.quiet, batching=args.batching, context=args.context,
-                             positions=args.positions, drop_special=args.drop_special, prepend_bos=args.prepend_bos,
-                             dtype=args.dtype, layout=args.layout, batch_size=args.batch_size,
-                             text_column=args.text_column, pair_column=args.pair_column, ids_column=args.ids_column)
+    at_least_one("--threads", args.threads)
+    try:
+        _, summary = run_harvest(args.model, args.data, args.names, args.out, overwrite=args.overwrite,
+                                 compile=args.compile, device=args.device, model_dtype=args.model_dtype,
+                                 shard_bytes=int(args.shard_size * 2**20), space_check=not args.no_space_check,
+                                 progress=not args.quiet, threads=args.threads, batching=args.batching,
+                                 context=args.context, positions=args.positions, drop_special=args.drop_special,
+                                 prepend_bos=args.prepend_bos, dtype=args.dtype, layout=args.layout,
+                                 batch_size=args.batch_size, text_column=args.text_column,
+                                 pair_column=args.pair_column, ids_column=args.ids_column)
+    except KeyboardInterrupt as e:  # Ctrl-C: what is kept, no traceback, and the shell's code for SIGINT
+        if os.environ.get("RANK", "0") == "0":
+            said = str(e) if isinstance(e, Interrupted) else "interrupted while starting; the same command starts again"
+            print(f"scratch-models harvest: {said}", file=sys.stderr)
+        return 130
     if os.environ.get("RANK", "0") == "0":
         print(summary.format())
     return 0

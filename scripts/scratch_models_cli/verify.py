@@ -5,7 +5,7 @@ the mapping table (rows marked `compare`): the same rows that load the weights. 
 head, the outputs of our class with that head (logits, start_logits, mc_logits, ...) are compared with those of
 transformers' class of the same name. Like is compared with like: the base model's rows hook attention
 probabilities, so our explicit path runs against transformers' eager attention; the head's outputs come from our
-fused path and transformers' default SDPA attention.
+fused path and transformers' default SDPA attention (its eager one for a class without SDPA: Gemma 2's).
 """
 
 import contextlib
@@ -136,7 +136,7 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
             notes.append(f"no task head in the checkpoint (not even {family.lm.__name__}'s: {missing[0]} "
                          "absent): head outputs not compared")
         else:
-            rows += _compare_head(opened, head, reference_dir, inputs, device, torch_dtype, notes)
+            rows += _compare_head(opened, head, reference_dir, inputs, device, torch_dtype, notes, sighted)
     return Report(model=opened.source, origin=opened.checkpoint.origin,
                   reference=f"transformers {transformers.__version__}", device=device, dtype=dtype, isolate=isolate,
                   input_shape=tuple(inputs["input_ids"].shape), inputs=described, rows=rows, notes=notes)
@@ -196,36 +196,47 @@ def _base_models(opened: Opened, reference_dir, rows, device, dtype, notes: list
     return ours, reference, rows
 
 
-def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, device, dtype, notes: list[str]
-                  ) -> list[Comparison]:
+def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, device, dtype, notes: list[str],
+                  sighted: torch.Tensor | None) -> list[Comparison]:
     """Every output tensor of our `head` class (logits, start_logits, mc_logits, ...) against transformers' class of
-    the same name: our fused path against its default SDPA attention. Multiple-choice classes read the batch as
-    the choices of one example."""
+    the same name: our fused path against its default SDPA attention; for a class that has none (Gemma 2's, as
+    SDPA cannot soft-cap scores), against its eager attention at the queries marked in `sighted` (eager spreads a
+    query that sees no key evenly). Multiple-choice classes read the batch as the choices of one example."""
     import transformers
 
     dtype = dtype or torch.float32
     name = head.__name__
+    attention = "sdpa" if getattr(transformers, name)._supports_sdpa else "eager"
+    if attention == "sdpa":
+        sighted = None
     ours = opened.load(head, dtype=dtype, device=device)
     notes += _loading_notes(name, ours.loading_info)
     if head.multiple_choice:
         inputs = {key: value[None] for key, value in inputs.items()}  # [1, choices, seq]
     if head.reads_last_token and ours.config.pad_token_id is None and len(inputs["input_ids"]) > 1:
         inputs = {key: value[:1] for key, value in inputs.items()}
+        sighted = sighted[:1] if sighted is not None else None
         notes.append(f"{name}: no pad_token_id in config.json, so one row at a time can be read: the first only")
+    dims = ours.hook_dims()
 
     def outputs(model) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             out = model(**inputs)
-        return {field: out[field] for field in HEAD_OUTPUTS if isinstance(getattr(out, field, None), torch.Tensor)}
+        return {field: at_sighted(out[field], dims[field], sighted) for field in HEAD_OUTPUTS
+                if isinstance(getattr(out, field, None), torch.Tensor)}
 
     def reference_in(dtype):
-        return getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="sdpa",
+        return getattr(transformers, name).from_pretrained(reference_dir, attn_implementation=attention,
                                                            dtype=dtype).to(device).eval()
 
     mine, theirs = outputs(ours), outputs(reference_in(dtype))
     exact = outputs(reference_in(torch.float32)) if dtype != torch.float32 else None
-    notes.append(f"{name}: our fused attention against transformers' SDPA {name}, outputs "
-                 f"{', '.join(mine)}")
+    if attention == "sdpa":
+        notes.append(f"{name}: our fused attention against transformers' SDPA {name}, outputs {', '.join(mine)}")
+    else:
+        where = " where queries see a key" if sighted is not None else ""
+        notes.append(f"{name}: our fused attention against transformers' eager {name}{where} (it has no SDPA "
+                     f"attention), outputs {', '.join(mine)}")
     rows = []
     for field in mine:
         if exact is None:

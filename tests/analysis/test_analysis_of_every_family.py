@@ -118,7 +118,8 @@ def test_logit_lens_at_the_last_layer_is_the_models_logits(loaded, family):
 @each_family
 def test_direct_logit_attribution_sums_to_the_logit_or_is_refused(loaded, family):
     """Pre-LN: the parts of the final stream, through ln_f frozen at the stream and the unembedding, plus ln_f's
-    bias read out, sum to the logit. Post-LN (BERT): refused, as its head is not linear in the stream."""
+    bias read out, sum to the logit (before the soft cap of a family that caps its logits: the point its stream
+    names as attributed_logits). Post-LN (BERT): refused, as its head is not linear in the stream."""
     _, model = loaded[family]
     inputs = padded_batch(family)
     with torch.no_grad():
@@ -130,8 +131,44 @@ def test_direct_logit_attribution_sums_to_the_logit_or_is_refused(loaded, family
         return
     parts = cache.decompose_resid(pos_slice=-1)  # before any LayerNorm: logit_attrs freezes ln_f at the stream
     attrs = cache.logit_attrs(parts, tokens=3, pos_slice=-1)
-    assert_parity(attrs.sum(0) + final_bias(model, 3), out.logits[:, -1, 3], f"{family} logit attribution",
-                  atol=LOGITS_ATOL)
+    assert_parity(attrs.sum(0) + final_bias(model, 3), cache[stream.attributed_logits][:, -1, 3],
+                  f"{family} logit attribution", atol=LOGITS_ATOL)
+    if stream.attributed_logits == "logits":
+        assert torch.equal(cache["logits"], out.logits)
+
+
+@each_family
+def test_each_heads_part_of_the_stream_sums_to_what_attention_adds_and_attributes_the_logit(loaded, family):
+    """stack_head_results gives each head's part of the residual stream: per layer the heads' parts plus the output
+    projection's bias (through the norm a family puts on the attention's output, Gemma 2's post-attention norm,
+    its divisor frozen at the whole output's) sum to the stream's attn_out; with the remainder they sum to the
+    stream; read out by logit_attrs they sum to the attributed logit. Post-LN (BERT): heads of several layers sum
+    to no stream, refused."""
+    _, model = loaded[family]
+    inputs = padded_batch(family)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(**inputs)
+    stream = stream_of(model)
+    if stream.post_ln:
+        with pytest.raises(ValueError, match="sum to none"):
+            cache.stack_head_results(incl_remainder=True)
+        return
+    n, heads = stream.n_layers, stream.num_heads
+    parts = cache.stack_head_results()
+    cache.compute_head_results()  # the raw results, which sum to attn.proj less the projection's bias
+    for layer in range(n):
+        bias = cache[f"layers.{layer}.attn.proj"] - cache[f"layers.{layer}.attn.result"].sum(-2)
+        normalised = stream.attn_out_norm(layer)
+        if normalised is not None:
+            read, norm = normalised
+            bias = norm.frozen(bias, norm.divisor(cache[read]))
+        summed = parts[layer * heads:(layer + 1) * heads].sum(0) + bias
+        assert_parity(summed, cache[stream.attn_out(layer)], f"{family} layer {layer}: heads' parts")
+    stack = cache.stack_head_results(incl_remainder=True)
+    assert_parity(stack.sum(0), cache[stream.resid_pre(n)], f"{family}: heads and remainder")
+    attrs = cache.logit_attrs(cache.stack_head_results(incl_remainder=True, pos_slice=-1), tokens=3, pos_slice=-1)
+    assert_parity(attrs.sum(0) + final_bias(model, 3), cache[stream.attributed_logits][:, -1, 3],
+                  f"{family}: heads' logit attribution", atol=LOGITS_ATOL)
 
 
 def final_bias(model, token: int):
@@ -162,8 +199,9 @@ def test_readmes_direct_attribution_line_states_an_identity_that_holds(loaded, f
         return
     attrs = eval(line, {"cache": cache, "mary": mary})
     seen = sighted(family, inputs["attention_mask"])
-    assert_parity((attrs.sum(0) + final_bias(model, 3))[seen], out.logits[..., 3][seen],
-                  f"{family}: README's line, summed", atol=LOGITS_ATOL)
+    assert_parity((attrs.sum(0) + final_bias(model, 3))[seen],
+                  cache[stream_of(model).attributed_logits][..., 3][seen], f"{family}: README's line, summed",
+                  atol=LOGITS_ATOL)
 
 
 @each_family

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import reference, save
+from helpers import assert_bridge_tensors, reference, save
 from scratch_models import GPTNeoXForCausalLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,17 +38,7 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
     assert torch.equal(our_logits, logits)
     names = [name for name in theirs.keys() if not name.endswith((".hook_in", ".hook_out"))
              or name in ("ln_final.hook_out",) or ".ln1.hook_out" in name or ".ln2.hook_out" in name]
-    compared = []
-    for name in names:
-        if name.endswith(BRIDGE_ONLY):
-            continue
-        assert name in cache, f"{name}: the bridge has it, ours answers no"
-        mine, bridge_tensor = cache[name], theirs[name]
-        assert mine.shape == bridge_tensor.shape, name
-        finite = bridge_tensor.isfinite()
-        assert torch.equal(finite, mine.isfinite()), name
-        assert torch.allclose(mine[finite], bridge_tensor[finite], atol=1e-6, rtol=1e-6), name
-        compared.append(name)
+    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
     assert {"blocks.1.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_z",
             "blocks.1.ln2.hook_normalized", "blocks.1.hook_resid_post", "ln_final.hook_scale"} <= set(compared)
     # the turned queries and keys, TL's HookedTransformer names: the scores are their products

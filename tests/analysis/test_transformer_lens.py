@@ -366,6 +366,21 @@ def test_cfg_has_tl_s_field_names(family):
     assert cfg.original_architecture == type(model).__name__
 
 
+def test_cfg_keeps_a_familys_own_fields_beyond_the_common_ones():
+    """A family's table may give TL config fields the common LensConfig does not declare (Gemma 2's soft caps):
+    they are read as attributes like the others; a field nobody gives is an AttributeError naming it."""
+    import dataclasses
+
+    model = small("gpt2")
+    table = model.family.transformer_lens
+    model.lens_table = lambda: dataclasses.replace(
+        table, config=lambda config: table.config(config) | {"attn_scores_soft_cap": 5.0})
+    cfg = model.cfg
+    assert cfg.attn_scores_soft_cap == 5.0 and cfg.n_layers == 2 and not hasattr(cfg, "output_logits_soft_cap")
+    with pytest.raises(AttributeError, match="cfg.output_logits_soft_cap is not a field"):
+        cfg.output_logits_soft_cap
+
+
 def test_a_model_without_an_mlm_head_says_so_for_w_u_and_tools_that_walk_its_attributes_pass_it_by():
     """An AttributeError naming why (hasattr is False), so torch.jit.trace, which reads every attribute of the module
     it traces, traces a BertModel without an MLM head."""

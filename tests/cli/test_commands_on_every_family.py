@@ -101,7 +101,8 @@ def test_heads_and_patch_run_on_the_models_own_target(capsys, checkpoints, famil
     code, out, err = run(capsys, "heads", checkpoints[family], *texts, "--out", tmp_path / "heads")
     assert code == 0, out + err
     data = json.loads((tmp_path / "heads" / "heads.json").read_text())
-    assert (data["num_layers"], data["num_heads"]) == (2, 3)
+    model = FAMILIES[family].base.from_pretrained(checkpoints[family])  # its heads: the family's tiny config's
+    assert (data["num_layers"], data["num_heads"]) == (len(model.layers), model.layers[0].attn.num_heads)
     clean, corrupted = (CLEAN, CORRUPTED) if causal else ("the cat [MASK] on the mat.", "the dog [MASK] on the mat.")
     # single tokens in both vocabularies (a random model's own two predictions may well be one token)
     code, out, err = run(capsys, "patch", checkpoints[family], "--clean", clean, "--corrupted", corrupted,

@@ -31,6 +31,7 @@ def test_harvest_writes_prints_and_resumes(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"harvest: 1 shard, {len(TEXTS)} rows of layers.3.out, pooler.out" in printed
     assert "tokens/s" in printed and "time (this process): reading and tokenizing" in printed
+    assert "threads (this process): " in printed and "on 1 torch thread each" in printed
     rows = datasets.load_from_disk(str(out)).with_format("torch")[:]
     assert sorted(rows["document"].tolist()) == list(range(len(TEXTS))) and (rows["position"] == 0).all()
     assert main(arguments) == 0
@@ -38,9 +39,10 @@ def test_harvest_writes_prints_and_resumes(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--names", "layers.9.out"], "no hook point matches 'layers.9.out'"),
+    (["--names", "layers.9.out"], "unknown hook point 'layers.9.out'"),
     (["--names", "layers.0.out", "--batch-size", "0"], "--batch-size must be at least 1"),
     (["--names", "layers.0.out", "--shard-size", "0"], "--shard-size must be more than 0 MB"),
+    (["--names", "layers.0.out", "--threads", "0"], "--threads must be at least 1"),
     (["--names", "layers.0.out", "--text-column", "body"], r"corpus.jsonl: no column 'body'"),
     (["--names", "layers.0.out", "--batching", "pack"], "batching 'pack'"),
 ])

@@ -112,7 +112,8 @@ def test_as_bfloat16_refuses_numbers_that_are_not_bit_patterns():
         as_bfloat16(torch.tensor([70000]))
 
 
-def test_iter_activations_hands_over_the_rows_harvest_writes(tmp_path, tiny_gpt2_model):
+def test_iter_activations_hands_over_the_rows_harvest_writes(tmp_path, tiny_gpt2_model, one_thread):
+    """Bitwise, on one torch thread (each of harvest's forward passes runs on one)."""
     data = SENTENCES * 3
     written = torch_rows(harvest(tiny_gpt2_model, data, ["layers.0.out"], tmp_path / "out", context=8,
                                  progress=False))
@@ -124,21 +125,24 @@ def test_iter_activations_hands_over_the_rows_harvest_writes(tmp_path, tiny_gpt2
     assert half["layers.0.out"].dtype == torch.bfloat16
 
 
-def test_forward_stops_after_the_last_point_needed(minilm):
-    """After the first batch the forward pass ends at the last named point: a listener further up never runs,
-    and the rows are those of the full forward pass."""
-    from scratch_models.corpus.batching import Sequence
-    from scratch_models.corpus.plan import Options, Plan
-
-    plan = Plan(minilm, SENTENCES, ["layers.1.out"], Options())
-    ids = minilm.tokenizer.encode(SENTENCES[0])
-    batch = [Sequence(ids, [0] * len(ids), list(range(len(ids))), [False] * len(ids), [0] * len(ids))]
-    first = plan.runner.run(batch)
-    assert plan.runner.stop_at == "layers.1.out"
+def test_every_forward_pass_stops_after_the_last_point_needed(tmp_path, minilm, one_thread):
+    """From the first batch on, harvest and iter_activations run the layers up to the last point named and no
+    further (a listener above it never runs), and the rows are those of the full forward pass (bitwise, on one
+    torch thread as each of harvest's forward passes)."""
+    names = ["layers.1.out", "layers.0.attn.q"]
+    full = {}
+    for text in SENTENCES[:2]:
+        full[text] = minilm.run_with_cache(**minilm.tokenizer(text), names=names)[1]
     reached = []
-    with minilm.hooks([("layers.2.out", lambda x, name: reached.append(name))]):
-        second = plan.runner.run(batch)
-    assert reached == [] and torch.equal(first["layers.1.out"], second["layers.1.out"])
+    with minilm.hooks([("layers.2.attn.q", lambda x, name: reached.append(name))]):
+        rows = torch_rows(harvest(minilm, SENTENCES[:2], names, tmp_path / "out", batch_size=1, progress=False))
+        batches = list(iter_activations(minilm, SENTENCES[:2], names, batch_size=1))
+    assert reached == []
+    for index, text in enumerate(SENTENCES[:2]):
+        mine = rows["document"] == index
+        assert torch.equal(rows["layers.1.out"][mine], full[text]["layers.1.out"][0])
+        assert torch.equal(rows["layers.0.attn.q"][mine], full[text]["layers.0.attn.q"][0].transpose(0, 1))
+    assert torch.equal(torch.cat([b["layers.1.out"] for b in batches]), rows["layers.1.out"])
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -216,7 +220,8 @@ def test_an_out_directory_with_other_files_is_refused(tmp_path, tiny_gpt2_model)
     (["pooler.out"], {}, r"pooler.out \[b, h\] has one value per sequence.*positions first, last or mean"),
     (["layers.0.out"], dict(batching="pack"), "batching 'pack'.*BERT reads both ways"),
     (["layers.0.out"], dict(context=8), "context sets the length of packed sequences"),
-    (["layers.0.outt"], {}, r"no hook point matches 'layers.0.outt'; did you mean layers.0.out"),
+    (["layers.0.outt"], {}, r"unknown hook point 'layers.0.outt'; did you mean layers.0.out"),
+    (["layers.*.outt"], {}, r"no hook point matches 'layers.\*.outt'; did you mean layers.5.out"),
     (["layers.0.out"], dict(positions="middle"), "positions must be one of"),
     (["layers.0.out"], dict(dtype="int8"), "dtype must be one of"),
     (["layers.0.out"], dict(batch_size=0), "batch_size must be at least 1"),
@@ -254,7 +259,7 @@ def test_a_checkpoint_loads_the_narrowest_class_with_the_names(tmp_path, tiny_gp
 
     assert type(load_model(tiny_gpt2[0], ["layers.0.out"])).__name__ == "GPT2Model"
     assert type(load_model(tiny_gpt2[0], ["logits"])).__name__ == "GPT2LMHeadModel"
-    with pytest.raises(ValueError, match="no hook point matches 'nope'"):
+    with pytest.raises(ValueError, match="unknown hook point 'nope'"):
         load_model(tiny_gpt2[0], ["nope"])
 
 
@@ -308,3 +313,72 @@ def test_a_point_computed_once_for_the_batch_is_given_to_every_row(tmp_path, tin
     wpe = tiny_gpt2_model.embeddings.wpe.weight.detach()
     assert len(rows["position"]) > 3 * len(SENTENCES)
     assert torch.equal(rows["embeddings.position"], wpe[rows["position"]])
+
+
+def test_transformer_lens_names_are_harvested_under_the_name_given(tmp_path, tiny_gpt2_model, one_thread):
+    """TL's names (and globs over them) work as in run_with_cache: each column is named as asked and holds TL's
+    tensor for each token, an alias's rows ours (hook_z: [n, d] per token) and a LayerNorm's scale computed."""
+    model = tiny_gpt2_model
+    names = ["blocks.*.hook_resid_post", "blocks.0.attn.hook_z", "blocks.1.ln1.hook_scale", "layers.1.out"]
+    dataset = harvest(model, SENTENCES, names, tmp_path / "out", context=16, progress=False)
+    assert list(dataset.features)[:5] == ["blocks.0.attn.hook_z", "blocks.0.hook_resid_post", "blocks.1.ln1.hook_scale",
+                                          "blocks.1.hook_resid_post", "layers.1.out"]
+    assert json.loads((tmp_path / "out" / "harvest.json").read_text())["settings"]["names"] == list(dataset.features)[:5]
+    rows = torch_rows(dataset)
+    lens = [name for name in dataset.features if name.startswith("blocks.")]
+    for start in range(0, len(rows["token_id"]), 16):
+        _, cache = model.run_with_cache(rows["token_id"][None, start:start + 16], names=lens)
+        for name in lens:
+            assert torch.equal(rows[name][start:start + 16], cache[name][0]), name
+    assert rows["blocks.1.ln1.hook_scale"].shape[1:] == (1,)
+    assert torch.equal(rows["blocks.1.hook_resid_post"], rows["layers.1.out"])
+
+
+def test_a_star_stands_for_one_part_of_a_name_as_in_cache_stack(tmp_path, minilm):
+    """`layers.*.out` is each layer's output, not also `layers.{i}.attn.out` (the rule of cache.stack)."""
+    _, cache = minilm.run_with_cache("A cat.", names="layers.*.out")
+    dataset = harvest(minilm, SENTENCES[:1], ["layers.*.out"], tmp_path / "out", progress=False)
+    assert [name for name in dataset.features if name.startswith("layers.")] == list(cache) == [
+        f"layers.{i}.out" for i in range(6)]
+
+
+def test_transformer_lens_names_are_refused_as_ours_are(tmp_path, tiny_gpt2_model):
+    with pytest.raises(ValueError, match=r"blocks.0.attn.hook_pattern \(our layers.0.attn.probs\) has axes"):
+        harvest(tiny_gpt2_model, SENTENCES, ["blocks.0.attn.hook_pattern"], tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match=r"unknown hook point 'blocks.0.hook_resid_postt'; did you mean "
+                                         r"blocks.0.hook_resid_post"):
+        harvest(tiny_gpt2_model, SENTENCES, ["blocks.0.hook_resid_postt"], tmp_path / "out", progress=False)
+
+
+def test_the_rows_are_the_same_whatever_the_threads(tmp_path, tiny_gpt2_model):
+    runs = {}
+    for threads in (1, 3):
+        dataset, summary = run_harvest(tiny_gpt2_model, SENTENCES * 3, ["layers.1.out"], tmp_path / f"t{threads}",
+                                       context=8, batch_size=2, threads=threads, progress=False)
+        runs[threads] = torch_rows(dataset)
+        assert summary.threads.startswith(f"{threads} forward thread") and "on 1 torch thread each" in summary.threads
+        assert f"threads (this process): {summary.threads}" in summary.format()
+    for key in runs[1]:
+        assert torch.equal(runs[1][key], runs[3][key]), key
+
+
+def test_the_threads_chosen_share_the_cores_and_heed_omp_num_threads(monkeypatch):
+    from scratch_models.corpus import Threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    cpu = torch.device("cpu")
+    before = torch.get_num_threads()
+    for environ, threads, compile, expected in [
+            ({}, None, False, (8, 2)), ({"LOCAL_WORLD_SIZE": "2"}, None, False, (8, 1)),
+            ({"LOCAL_WORLD_SIZE": "4"}, None, False, (4, 1)), ({"OMP_NUM_THREADS": "1"}, None, False, (1, 1)),
+            ({}, 3, False, (3, 1)), ({}, None, True, (1, 16))]:
+        for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        with Threads.chosen(threads, cpu, compile) as chosen:
+            assert (chosen.forward, chosen.torch) == expected and torch.get_num_threads() == expected[1]
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        with Threads.chosen(0, cpu, False):
+            pass

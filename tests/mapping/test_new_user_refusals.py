@@ -208,7 +208,7 @@ def gpt2_models():
 
 @pytest.mark.parametrize("other, message", [
     ("3 layers", "past_key_values holds 2 layers, but this model has 3: a cache serves the model that filled it"),
-    ("5 heads", "past_key_values holds 3 heads of size 5, but this model has 5 of size 3"),
+    ("5 heads", "past_key_values holds 3 key/value heads of size 5, but this model has 5 of size 3"),
 ])
 def test_a_cache_from_another_model_is_refused_naming_both(gpt2_models, other, message):
     """Before: a bare IndexError (a 2-layer cache in a 3-layer model) or a shape error inside attention."""

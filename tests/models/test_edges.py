@@ -11,7 +11,8 @@ import weakref
 import pytest
 import torch
 
-from helpers import LOGITS_ATOL, assert_parity, each_device, each_family, padded_batch, reference, save
+from helpers import (LOGITS_ATOL, assert_parity, blind_zeroed, each_device, each_family, padded_batch, reference,
+                     save)
 from scratch_models import BertModel
 from scratch_models.families import FAMILIES
 
@@ -103,6 +104,23 @@ def test_half_precision_follows_float32_where_queries_see_keys(saved, family, dt
         half = lm(family).from_pretrained(directory, dtype=dtype)(**inputs, output_attentions=True).logits
     scale = float(exact.abs().max())
     assert_parity(half.float(), exact, f"{dtype} logits", atol=HALF_EPS * torch.finfo(dtype).eps * scale, rtol=0)
+
+
+@pytest.mark.parametrize("family", [name for name in FAMILIES if getattr(
+    __import__("transformers"), FAMILIES[name].lm.__name__)._supports_sdpa])
+def test_the_stand_in_for_sdpa_is_sdpa_where_a_class_has_both(family):
+    """What the tests hold our fused path to in a transformers class without SDPA (Gemma 2's: helpers.blind_zeroed,
+    the class's eager attention with the queries that see no key given 0), run on a class that has SDPA: its SDPA
+    numbers on a batch padded left, right and all through, at every query, blind ones included."""
+    theirs = reference(family, attention="sdpa")
+    inputs = padded(family)
+    with torch.no_grad():
+        sdpa = theirs(**inputs, output_hidden_states=True)
+        theirs.set_attn_implementation(blind_zeroed())
+        stand_in = theirs(**inputs, output_hidden_states=True)
+    for i, (a, b) in enumerate(zip(stand_in.hidden_states, sdpa.hidden_states)):
+        assert_parity(a, b, f"{family} hidden_states[{i}]")
+    assert_parity(stand_in.logits, sdpa.logits, f"{family} logits", atol=LOGITS_ATOL)
 
 
 # ------------------------------------------------------------------------------------ tracing and exporting

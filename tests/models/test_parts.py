@@ -301,3 +301,46 @@ def test_the_gated_mlp_is_transformers_bitwise(act, dtype):
     x = randn(2, 5, 48, seed=19, dtype=dtype)
     with torch.no_grad():
         assert torch.equal(ours(x), theirs(x))
+
+
+# ---------------------------------------------------------------------------------------------- capped logits
+
+
+def test_a_declared_logit_cap_caps_the_lm_heads_scores_as_gemma2_does():
+    """CausalLM.logit_cap_field: the LM head's scores (hook point `uncapped_logits`, before `logits` in forward
+    order) become cap · tanh(scores / cap) in Gemma2ForCausalLM's operations, bitwise in three dtypes; the loss and
+    generate read the capped logits; a null cap leaves the scores as they are. (Shown on a GPT-NeoX given a cap
+    field, so the floor is tested apart from the family that needs it.)"""
+    import dataclasses
+
+    from scratch_models import GPTNeoXConfig, GPTNeoXForCausalLM
+    from scratch_models.families import FAMILIES
+
+    @dataclasses.dataclass(frozen=True)
+    class CappedConfig(GPTNeoXConfig):
+        final_logit_softcapping: float | None = 2.0
+
+    class Capped(GPTNeoXForCausalLM):
+        logit_cap_field = "final_logit_softcapping"
+
+    fields = FAMILIES["gpt_neox"].tiny_config
+    ids = torch.randint(36, (2, 7), generator=torch.Generator().manual_seed(0))
+    for dtype in DTYPES:
+        torch.manual_seed(0)
+        model = Capped(CappedConfig(**fields)).eval().to(dtype)
+        names = model.hook_names()
+        assert names.index("uncapped_logits") == names.index("logits") - 1
+        with torch.no_grad():
+            out, cache = model.run_with_cache(ids, labels=ids, names=["uncapped_logits", "logits"])
+        scores = cache["uncapped_logits"]
+        cap = 2.0
+        assert torch.equal(out.logits, torch.tanh(scores / cap) * cap) and out.logits.abs().max() < cap
+        assert torch.equal(out.logits, cache["logits"]) and not torch.equal(scores, out.logits)
+        expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten())
+        assert torch.equal(out.loss, expected)
+        assert torch.equal(model.generate(ids[:1], max_new_tokens=1, eos_token_id=None)[0, -1],
+                           out.logits[0, -1].float().argmax())
+    uncapped = Capped(CappedConfig(**fields, final_logit_softcapping=None)).eval()
+    with torch.no_grad():
+        _, cache = uncapped.run_with_cache(ids, names=["uncapped_logits", "logits"])
+    assert torch.equal(cache["uncapped_logits"], cache["logits"])

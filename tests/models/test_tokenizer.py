@@ -179,3 +179,24 @@ def test_a_gpt2_model_tokenizes_with_its_checkpoint(tmp_path, gpt2_dir):
     with torch.no_grad():
         out = model(**batch)  # the batch goes in as it is: no token_type_ids for GPT-2
     assert out.logits.shape[:2] == (2, batch["input_ids"].shape[1])
+
+
+def test_prepend_bos_adds_no_second_bos_where_the_template_adds_one(tmp_path, gpt2_dir):
+    """Gemma's and Llama's tokenizer.json put <bos> in front of every text themselves (transformers' ids start with
+    it): prepend_bos=True, which TransformerLens' conventions turn on for every causal model, must not add a
+    second; without the template's BOS (add_special_tokens=False) it adds the one."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.processors import TemplateProcessing
+
+    backend = Backend.from_file(str(gpt2_dir / "tokenizer.json"))
+    bos = backend.token_to_id("<|endoftext|>")
+    backend.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    tokenizer = Tokenizer.from_backend(backend, {"bos": bos, "eos": bos}, token_type_ids=False, source="gemma-like")
+    text = "The meaning of life is"
+    plain = backend.encode(text).ids
+    assert plain[0] == bos and plain[1] != bos and tokenizer.template_adds_bos
+    assert tokenizer.encode(text, prepend_bos=True) == tokenizer.encode(text) == plain
+    assert tokenizer([text, "Once"], prepend_bos=True)["input_ids"][0].tolist() == plain
+    assert tokenizer.encode(text, add_special_tokens=False, prepend_bos=True) == plain
+    gpt2 = Tokenizer.from_pretrained(gpt2_dir)
+    assert not gpt2.template_adds_bos and gpt2.encode(text, prepend_bos=True) == [bos] + gpt2.encode(text)

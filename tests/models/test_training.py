@@ -10,7 +10,8 @@ import pytest
 import torch
 import transformers
 
-from helpers import ATOL, RTOL, assert_parity, each_device, each_family, no_dropout, reference, save
+from helpers import (ATOL, RTOL, assert_parity, each_device, each_family, fused_attention, no_dropout, reference,
+                     save)
 from scratch_models.families import FAMILIES
 from scratch_models_cli.verify import TOLERANCES
 
@@ -65,8 +66,9 @@ def paired_parameters(family: str, ours, theirs) -> dict[str, tuple[torch.nn.Par
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention, dtype, device):
-    """Train mode, dropout off. "sdpa": our fused path against transformers' SDPA; "eager": our explicit path
-    (output_attentions) against transformers' eager attention. Half precision against transformers in the same
+    """Train mode, dropout off. "sdpa": our fused path against transformers' SDPA (or, for a class without it, its
+    stand-in: helpers.fused_attention); "eager": our explicit path (output_attentions) against transformers' eager
+    attention. Half precision against transformers in the same
     dtype on the same machine (CPU here), held to the parity report's tolerance for that dtype, normwise for the
     gradients. Both are loaded from the float32 file in that dtype, as a user would: transformers' `.to(dtype)`
     would also round GPT-NeoX's rotary frequencies (a float buffer) to it, which from_pretrained keeps in float32
@@ -74,8 +76,9 @@ def test_loss_and_every_gradient_match_transformers(tmp_path, family, attention,
     atol, rtol = (ATOL, RTOL) if dtype == torch.float32 else TOLERANCES[dtype]
     grad_tol = GRAD_TOL if dtype == torch.float32 else rtol
     directory = save(reference(family, attention=attention, **no_dropout(family)), tmp_path, "safetensors")
-    theirs = getattr(transformers, lm(family).__name__).from_pretrained(
-        directory, dtype=dtype, attn_implementation=attention).to(device).train()
+    cls = getattr(transformers, lm(family).__name__)
+    theirs = cls.from_pretrained(directory, dtype=dtype, attn_implementation=fused_attention(cls)
+                                 if attention == "sdpa" else attention).to(device).train()
     ours = lm(family).from_pretrained(directory, dtype=dtype, device=device).train()
     assert {p.dtype for p in ours.parameters()} == {p.dtype for p in theirs.parameters()} == {dtype}
     inputs = {name: tensor.to(device) for name, tensor in batch(family).items()}
