@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import byte_level_bpe, reference, save
+from helpers import assert_bridge_tensors, byte_level_bpe, reference, save
 from scratch_models import LlamaModel
 from scratch_models.families import FAMILIES
 
@@ -48,17 +48,7 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
     assert torch.equal(our_logits, logits)
     names = [name for name in theirs.keys() if not name.endswith((".hook_in", ".hook_out"))
              or name == "ln_final.hook_out" or ".ln1.hook_out" in name or ".ln2.hook_out" in name]
-    compared = []
-    for name in names:
-        if name.endswith(BRIDGE_ONLY):
-            continue
-        assert name in cache, f"{name}: the bridge has it, ours answers no"
-        mine, bridge_tensor = cache[name], theirs[name]
-        assert mine.shape == bridge_tensor.shape, name
-        finite = bridge_tensor.isfinite()
-        assert torch.equal(finite, mine.isfinite()), name
-        assert torch.allclose(mine[finite], bridge_tensor[finite], atol=1e-6, rtol=1e-6), name
-        compared.append(name)
+    compared = assert_bridge_tensors(cache, theirs, names, skip=BRIDGE_ONLY)
     config = ours.config
     groups = config.num_attention_heads // config.num_key_value_heads
     assert groups > 1
