@@ -47,7 +47,7 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
         what = (f"a quantized checkpoint (quantization_config, quant_method {reprlib.repr(method)}): its weights are "
                 "stored packed, with scales, which these models do not read; load the checkpoint it was quantized "
                 "from (dtype= casts that one while loading)")
-    elif raw.get("model_type") in NOT_BUILT:
+    elif isinstance(raw.get("model_type"), str) and raw["model_type"] in NOT_BUILT:  # a wrong kind: said later
         what = f"model_type {raw['model_type']!r} is {NOT_BUILT[raw['model_type']]}"
     elif _counts(raw, "num_local_experts", "num_experts", "n_routed_experts"):
         what = "a mixture of experts (config.json counts several experts per layer)"
