@@ -226,8 +226,12 @@ class Family:
     def config_of(self, checkpoint):
         """The checkpoint's config.json as the family's config. A config without model_type whose `architectures`
         name only classes of other architectures (a RobertaModel's, say, whose weights have BERT's names) is
-        refused, naming them: it would load, and compute something else."""
+        refused, naming them: it would load, and compute something else. So is a model no family builds
+        (families.refuse_unbuilt: quantized, a mixture of experts, multimodal), saying what it is."""
+        from .families import refuse_unbuilt  # the registry imports this module
+
         raw = checkpoint.config_json
+        refuse_unbuilt(raw, checkpoint.config_path)  # a quantized checkpoint, a mixture of experts, ...: said so
         named = architectures(raw)
         ours = [cls.__name__ for cls in self.classes]
         if "model_type" not in raw and named and not set(named) & set(ours):

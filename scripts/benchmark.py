@@ -13,6 +13,9 @@ checkpoint layouts by transformers itself: speed does not depend on their values
   peers      TransformerLens' TransformerBridge and nnsight on the same GPT-2 weights, when installed (the
              optional extra `peers`): forward, forward caching every activation, generation
   load       a bert-base model.safetensors, each loader alone in a fresh process: seconds and peak RSS
+  load_llama a 1B Llama (Llama 3.2 1B's config, random weights written by transformers in bfloat16, sharded), each
+             loader alone in a fresh process: seconds, and peak RSS against the files' size, while loading and
+             once every weight has been read
   cold       a fresh process from nothing to the first output: import, load bert-base, one forward
   hooks      what idle hook points cost a forward pass
   harvest    GPT-2 124M activations of a middle and of the last layer over a corpus to Arrow shards
@@ -65,6 +68,13 @@ from scratch_models.hooks import HookPoint
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072)
 GPT2_SMALL = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+# Llama 3.2 1B's config.json (1.24 billion parameters, the embeddings tied to the LM head)
+LLAMA_32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                   num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                   rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=128000,
+                   eos_token_id=128001, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 8192})
 
 
 def interleaved(fns: dict, repeats: int, sync=lambda: None) -> dict:
@@ -100,6 +110,19 @@ class Checkpoints:
         transformers.BertModel(transformers.BertConfig(**BERT_BASE)).save_pretrained(self.bert)
         self.gpt2 = self.root / "gpt2"
         transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_SMALL)).save_pretrained(self.gpt2)
+
+    @functools.cached_property
+    def llama_1b(self) -> Path:
+        """Llama 3.2 1B's config with random weights, built and written by transformers in bfloat16 as shards of at
+        most 1 GB with their index (the size a hub upload of a larger model is cut in), on first use only."""
+        import transformers
+
+        path = self.root / "llama-3.2-1b"
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM._from_config(transformers.LlamaConfig(**LLAMA_32_1B),
+                                                           dtype=torch.bfloat16)
+        model.save_pretrained(path, max_shard_size="1GB")
+        return path
 
 
 def _sync(device: str):
@@ -477,19 +500,28 @@ def _ids_tokenizer(vocab_size: int):
 # Each loader runs alone in a fresh process, so neither sees the other's imports, caches or freed memory.
 _LOAD_CHILD = """
 import json, sys, time
-which, path = sys.argv[1], sys.argv[2]
+import torch
+which, path, ours, theirs, dtype = sys.argv[1:6]
+dtype = None if dtype == "stored" else getattr(torch, dtype)
 def status_mb(field):  # VmHWM (peak RSS) is this process's own: unlike ru_maxrss it does not survive exec
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 if which == "ours":
-    from scratch_models import BertModel as Model
+    import scratch_models
+    Model = getattr(scratch_models, ours)
 else:
-    from transformers import AutoModel as Model
+    import transformers
+    Model = getattr(transformers, theirs)
 before = status_mb("VmRSS")
 start = time.perf_counter()
-model = Model.from_pretrained(path)
+model = Model.from_pretrained(path, **({} if dtype is None else {"dtype": dtype}))
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "rss_before_mb": before, "peak_rss_mb": status_mb("VmHWM")}))
+loaded = status_mb("VmHWM")
+with torch.no_grad():  # every weight read once (a memory-mapped one is paged in): what a first forward pass costs
+    for parameter in model.parameters():
+        parameter.sum()
+print(json.dumps({"seconds": seconds, "rss_before_mb": before, "peak_rss_mb": loaded,
+                  "peak_rss_read_mb": status_mb("VmHWM")}))
 """
 
 _COLD_CHILD = """
@@ -505,21 +537,26 @@ with torch.no_grad():
 """
 
 
-def _child(script: str, which: str, path: Path) -> tuple[float, str]:
+def _child(script: str, which: str, path: Path, *more: str) -> tuple[float, str]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", script, which, str(path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script, which, str(path), *more], capture_output=True, text=True,
                           timeout=600, env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
     if done.returncode != 0:
         raise RuntimeError(f"{which} child failed:\n{done.stderr}")
     return time.perf_counter() - start, done.stdout
 
 
+def _load_runs(path: Path, runs: int, *classes_and_dtype: str) -> dict:
+    """Each loader's medians over `runs` fresh processes, taken in turn: seconds, RSS before, peak RSS (MB)."""
+    out = {"ours": [], "transformers": []}
+    for _ in range(runs):
+        for which in out:
+            out[which].append(json.loads(_child(_LOAD_CHILD, which, path, *classes_and_dtype)[1]))
+    return {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in out.items()}
+
+
 def load(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
-    runs = {"ours": [], "transformers": []}
-    for _ in range(max(3, repeats // 4)):
-        for which in runs:
-            runs[which].append(json.loads(_child(_LOAD_CHILD, which, ckpt.bert)[1]))
-    med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
+    med = _load_runs(ckpt.bert, max(3, repeats // 4), "BertModel", "AutoModel", "stored")
     size_mb = (ckpt.bert / "model.safetensors").stat().st_size / 2**20
     row = ratio_row("load bert-base safetensors", {w: m["seconds"] for w, m in med.items()})
     return [row | {"checkpoint_mb": size_mb,
@@ -528,6 +565,24 @@ def load(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
                    - med["transformers"]["rss_before_mb"],
                    "ours_peak_rss_mb": med["ours"]["peak_rss_mb"],
                    "transformers_peak_rss_mb": med["transformers"]["peak_rss_mb"]}]
+
+
+def load_llama(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
+    """The 1B Llama's shards loaded in bfloat16, as stored, by LlamaForCausalLM and transformers'; `*_x_files`: the
+    RSS a load added, over the files' size, at its peak while loading and once every weight has been read."""
+    path = ckpt.llama_1b
+    size_mb = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**20
+    med = _load_runs(path, 3, "LlamaForCausalLM", "LlamaForCausalLM", "bfloat16")
+
+    def over_files(which: str, peak: str) -> float:
+        return (med[which][peak] - med[which]["rss_before_mb"]) / size_mb
+
+    row = ratio_row(f"load Llama 3.2 1B config, bf16, {len(list(path.glob('*.safetensors')))} shards",
+                    {w: m["seconds"] for w, m in med.items()})
+    return [row | {"files_mb": size_mb, "ours_load_x_files": over_files("ours", "peak_rss_mb"),
+                   "transformers_load_x_files": over_files("transformers", "peak_rss_mb"),
+                   "ours_read_x_files": over_files("ours", "peak_rss_read_mb"),
+                   "transformers_read_x_files": over_files("transformers", "peak_rss_read_mb")}]
 
 
 def cold(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
@@ -894,8 +949,9 @@ def _median_timings(summaries) -> dict:
     return {k: round(statistics.median(s.timings[k] for s in summaries), 3) for k in keys}
 
 
-CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load, "cold": cold,
-         "hooks": hooks, "patching": patching, "harvest": harvest, "features": features}
+CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load,
+         "load_llama": load_llama, "cold": cold, "hooks": hooks, "patching": patching, "harvest": harvest,
+         "features": features}
 
 
 def format_table(rows: list[dict]) -> str:

@@ -218,3 +218,41 @@ def test_a_cache_from_another_model_is_refused_naming_both(gpt2_models, other, m
             gpt2_models[other](IDS[:, :1], past_key_values=cache)
         assert cache.length == IDS.shape[1]  # untouched
         gpt2_models["2 layers"](IDS[:, :1], past_key_values=cache)  # its own model still reads it
+
+
+# ------------------------------------------------------------------------- models no family builds
+
+
+QUANTIZED = {"gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False},
+             "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"},
+             "bitsandbytes": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
+NOT_BUILT = {
+    "Mixtral": (dict(model_type="mixtral", num_local_experts=8), "Mixtral, a mixture of experts"),
+    "Qwen2-MoE": (dict(model_type="qwen2_moe", num_experts=60), "Qwen2-MoE, a mixture of experts"),
+    "Qwen3-MoE": (dict(model_type="qwen3_moe", num_experts=128), "Qwen3-MoE, a mixture of experts"),
+    "Gemma 3": (dict(model_type="gemma3", vision_config={}), "Gemma 3, a multimodal model"),
+    "LLaVA": (dict(model_type="llava", vision_config={}), "LLaVA, a multimodal model"),
+    "Qwen2-VL": (dict(model_type="qwen2_vl", vision_config={}), "Qwen2-VL, a multimodal model"),
+    "an unnamed mixture of experts": (dict(num_local_experts=4), "a mixture of experts .config.json counts"),
+    "an unnamed multimodal model": (dict(audio_config={}), "a multimodal model .config.json has a audio_config"),
+    **{f"quantized ({method})": (dict(quantization_config=q), rf"a quantized checkpoint .quantization_config, "
+                                                              rf"quant_method '{method}'.")
+       for method, q in QUANTIZED.items()},
+}
+
+
+@pytest.mark.parametrize("what", list(NOT_BUILT))
+def test_a_model_no_family_builds_is_refused_at_load_saying_what_it_is(tmp_path, what, capsys):
+    """A quantized checkpoint (its weights packed integers beside scales), a mixture of experts, Gemma 3 or a model
+    that also reads images: before, a model_type near a family's was "not supported" without saying what it is,
+    and a quantized file of a supported model_type loaded far enough to list its packed tensors as unexpected. Now
+    each is refused from config.json alone, by the class that would load it and by the command line, before any
+    model is built; the message says what it is and which families are supported."""
+    changes, message = NOT_BUILT[what]
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_CONFIG))
+    saved(tmp_path, model, **changes)
+    with pytest.raises(CheckpointError, match=rf"{message}.*, which none of the families here builds; supported: "
+                                              r"bert, gpt2, gpt_neox"):
+        GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert main(["verify", str(tmp_path)]) == 2
+    assert "which none of the families here builds" in capsys.readouterr().err

@@ -1,0 +1,143 @@
+"""The Llama-like families' config.json fields: what Llama, Mistral, Qwen 2 and Qwen 3 share (LlamaLikeConfig), and
+Llama's own (LlamaConfig).
+
+The rotary settings come spelled two ways: transformers 4 wrote `rope_theta` and `rope_scaling`, transformers 5
+writes `rope_parameters` {"rope_type", "rope_theta", "factor", ...}. Both are read (parts/rotary.py) and kept, and
+saved, as `rope_theta` and `rope_scaling`, which every transformers version reads.
+"""
+
+import dataclasses
+
+from ..config import (ConfigError, ModelConfig, require_positive, require_probability, require_problem_type,
+                      require_sane_sizes)
+from ..parts.rotary import rope_fields
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaLikeConfig(ModelConfig):
+    """The fields every Llama-like config.json has, with transformers' LlamaConfig defaults (Llama 2 7B's); a variant
+    sets its own defaults and answers what its architecture fixes, which transformers' modules hard-code:
+
+        qkv_bias, o_proj_bias   whether q_proj, k_proj, v_proj and o_proj add a bias
+        mlp_bias                whether gate_proj, up_proj and down_proj do
+        qk_norm                 an RMSNorm over each head's queries and over its keys before the rotation (Qwen 3)
+        sliding_window          how many keys (itself included) a query of a sliding-window layer sees; None: no
+                                layer has a window (Mistral's and Qwen's config.json may ask for one)
+        sliding_layers          per layer, whether it has that window
+
+    Plain class attributes where the variant's config.json has no such field, properties where it has one. As in
+    transformers, num_key_value_heads and head_dim left out (or null) are filled in from the other fields.
+    """
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    # grouped-query attention: each group of num_attention_heads / num_key_value_heads query heads reads one
+    # key/value head; None: one each, plain multi-head attention
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None  # None: hidden_size / num_attention_heads (Mistral Nemo and Qwen 3 set their own)
+    hidden_act: str = "silu"  # of the MLP's gate: SwiGLU
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # None: the default; else linear, dynamic or llama3 (parts/rotary.py)
+    attention_dropout: float = 0.0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list | None = 2  # Llama 3.1's instruct files list several end tokens
+    pad_token_id: int | None = None
+    tie_word_embeddings: bool = False
+    # task heads, as transformers' PretrainedConfig has them; the token classifier (transformers 5's generic one)
+    # drops out classifier_dropout, else hidden_dropout, else 0.1, and has a bias unless token_classification_bias
+    # says otherwise
+    id2label: dict | None = None
+    problem_type: str | None = None
+    classifier_dropout: float | None = None
+    hidden_dropout: float | None = None
+    token_classification_bias: bool = True
+
+    qkv_bias = o_proj_bias = mlp_bias = qk_norm = False
+    sliding_window = None
+
+    def __post_init__(self):
+        # the defaults transformers' __post_init__ derives from the other fields (a head_dim that cannot be derived
+        # stays None, and validate says why)
+        heads = self.num_attention_heads
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", heads)
+        if self.head_dim is None and isinstance(heads, int) and heads > 0 and self.hidden_size % heads == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // heads)
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config") -> "LlamaLikeConfig":
+        """As ModelConfig.from_dict, with transformers 5's `rope_parameters` read into rope_theta and the scaling into
+        rope_scaling (parts/rotary.py)."""
+        return super().from_dict(rope_fields(raw, source), source)
+
+    @classmethod
+    def fixed_settings(cls) -> dict:
+        return {"is_decoder": (False, f"{cls.model_type} as the decoder of an encoder is not implemented")}
+
+    def validate(self, source: str) -> None:
+        require_positive(self, source, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta")
+        for name in ("num_key_value_heads", "head_dim"):
+            if getattr(self, name) is not None:
+                require_positive(self, source, name)
+        require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
+                            ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
+        require_probability(self, source, "attention_dropout")
+        for name in ("classifier_dropout", "hidden_dropout"):
+            if getattr(self, name) is not None:
+                require_probability(self, source, name)
+        require_problem_type(self, source)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                              f"num_key_value_heads {self.num_key_value_heads}: each key/value head serves a group "
+                              "of query heads")
+        if self.head_dim is None:
+            raise ConfigError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                              f"{self.num_attention_heads}, and no head_dim is given")
+        if self.head_dim % 2:
+            raise ConfigError(f"{source}: the rotary embedding turns pairs of a head's dimensions, and head_dim "
+                              f"{self.head_dim} is odd")
+        if self.sliding_window is not None:
+            require_positive(self, source, "sliding_window")
+        if isinstance(self.eos_token_id, list) and not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.eos_token_id):
+            raise ConfigError(f"{source}: field 'eos_token_id' lists {self.eos_token_id!r}; it should list token ids")
+        from ..parts.activations import get_activation
+
+        try:
+            get_activation(self.hidden_act, "hidden_act")
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer, whether its queries see only the last `sliding_window` keys: every layer where there is a
+        window, unless the variant says otherwise (Qwen's layer_types)."""
+        return (self.sliding_window is not None,) * self.num_hidden_layers
+
+    @property
+    def token_classifier_dropout(self) -> float:
+        return next((p for p in (self.classifier_dropout, self.hidden_dropout) if p is not None), 0.1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig(LlamaLikeConfig):
+    """Llama 1, 2 and 3 (and the many checkpoints that reuse its architecture: TinyLlama, SmolLM, Vicuna, ...)."""
+
+    model_type = "llama"
+
+    attention_bias: bool = False  # q_proj, k_proj, v_proj and o_proj add a bias
+    mlp_bias: bool = False  # gate_proj, up_proj and down_proj add a bias
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias
+
+    @property
+    def o_proj_bias(self) -> bool:
+        return self.attention_bias
