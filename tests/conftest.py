@@ -12,26 +12,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def pytest_collection_modifyitems(items):
-    """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is. So is a shared suite's
-    run of a variant family (variant_families): the quick run holds a variant to its own tests and to the shared
-    suites its parent runs, whose code it is; the full run holds it to every suite."""
-    variants = variant_families()
+    """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is."""
     for item in items:
-        family = getattr(item, "callspec", None) and item.callspec.params.get("family")
-        if "browser" in getattr(item, "fixturenames", ()) or (
-                family in variants and not any(name in item.path.stem for name in (family, variants[family]))):
+        if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-
-
-def variant_families() -> dict[str, str]:
-    """family -> the family it is a variant of: one whose model is another registered family's model with other
-    settings (its base class a subclass of the other's: Mistral, Qwen2 and Qwen3 are Llama's model). The shared
-    suites (compiled, export, training, analysis, the command line), run on each at a minute or more apiece, would
-    run the same code again."""
-    from scratch_models.families import FAMILIES
-
-    return {name: parent for name, family in FAMILIES.items() for parent, other in FAMILIES.items()
-            if parent != name and issubclass(family.base, other.base)}
 
 
 @pytest.fixture(scope="session")
