@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import datasets
 import pytest
@@ -23,6 +24,20 @@ def command(model_dir, data, out):
     # rows of 48 + 3x16 floats; shards of about 4 KB, so a small corpus makes a few hundred
     return [sys.executable, "-m", "scratch_models", "harvest", str(model_dir), str(data), "--names", "layers.1.out",
             "layers.0.attn.q", "--out", str(out), "--context", "16", "--shard-size", "0.004", "--quiet"]
+
+
+def held(model_dir, data, out, release: Path, shards: int = 0) -> list[str]:
+    """`command` run so that, once `shards` shards are on disk, each forward pass waits until `release` exists (at
+    most 300 s): a harvest caught in the middle whatever the machine's speed, for a signal or a second command."""
+    code = ("import sys, time; from pathlib import Path; from scratch_models.corpus.activations import Runner; "
+            "run, release, out = Runner.run, Path(sys.argv.pop(1)), Path(sys.argv.pop(1)); "
+            "shards = int(sys.argv.pop(1)); "
+            "waiting = lambda: len(list(out.glob('data-*.arrow'))) >= shards and not release.exists(); "
+            "hold = lambda: next((True for _ in range(3000) if not waiting() or time.sleep(0.1)), True); "
+            "Runner.run = lambda self, batch: (hold(), run(self, batch))[1]; "
+            "sys.argv[0] = 'scratch-models'; from importlib.metadata import entry_points; "
+            "(cli,) = entry_points(group='console_scripts', name='scratch-models'); raise SystemExit(cli.load()())")
+    return [sys.executable, "-c", code, str(release), str(out), str(shards), *command(model_dir, data, out)[3:]]
 
 
 def same_rows(out, reference):
@@ -234,14 +249,8 @@ def test_two_identical_commands_at_once_the_second_refuses_naming_the_first(tmp_
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     # the first one holds its first forward pass until the second has run, however long either takes to start
     release = tmp_path / "release"
-    held = ("import sys, time; from pathlib import Path; from scratch_models.corpus.activations import Runner; "
-            "run = Runner.run; release = Path(sys.argv.pop(1)); "
-            "hold = lambda: next((True for _ in range(3000) if release.exists() or time.sleep(0.1)), True); "
-            "Runner.run = lambda self, batch: (hold(), run(self, batch))[1]; "
-            "sys.argv[0] = 'scratch-models'; from importlib.metadata import entry_points; "
-            "(cli,) = entry_points(group='console_scripts', name='scratch-models'); raise SystemExit(cli.load()())")
-    first = subprocess.Popen([sys.executable, "-c", held, str(release), *command(tiny_gpt2[0], data, out)[3:]],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(held(tiny_gpt2[0], data, out, release), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (out / "harvest.lock").is_file() and (out / "harvest.lock").read_text(), first)
     second = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
     release.touch()
@@ -348,7 +357,8 @@ def test_kill_9_inside_the_only_shard_costs_only_what_was_not_yet_kept(tmp_path,
 @pytest.mark.slow
 def test_ctrl_c_says_what_is_kept_exits_130_and_the_same_command_resumes(tiny_gpt2, many_shards):
     data, reference, out, env = many_shards
-    shown = [word for word in command(tiny_gpt2[0], data, out) if word != "--quiet"]  # the bar too
+    # held once 3 shards are written (the signal comes mid-run however fast the machine), with its bar
+    shown = [word for word in held(tiny_gpt2[0], data, out, out.parent / "never", shards=3) if word != "--quiet"]
     process = subprocess.Popen(shown, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: len(list(out.glob("data-*.arrow"))) >= 3, process)
     process.send_signal(signal.SIGINT)
