@@ -39,8 +39,8 @@ class LlamaEmbeddings(nn.Module):
         self.out = HookPoint("b, s, h", "the token embedding: the residual stream layer 0 reads (no dropout, no "
                              "scaling; the same tensor as `word`)")
 
-    def forward(self, input_ids, position_ids):  # position_ids: not here; they rotate q and k in every layer
-        return self.out(self.word(self.embed_tokens(input_ids)))
+    def forward(self, input_ids, position_ids, inputs_embeds=None):  # position_ids: they rotate q and k instead
+        return self.out(self.word(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds))
 
 
 class LlamaAttention(nn.Module):
