@@ -8,7 +8,7 @@ Compiling takes seconds even for these tiny models, so the tests are few and eac
 import pytest
 import torch
 
-from helpers import assert_parity, each_family, sighted
+from helpers import assert_parity, sighted
 from scratch_models import BertForMaskedLM
 from scratch_models.compiled import StaticKVCache, compile_model
 from scratch_models.families import FAMILIES
@@ -16,6 +16,13 @@ from scratch_models.generation import KVCache
 from test_edges import VOCAB, lm, padded, saved  # noqa: F401 (saved: a fixture)
 
 CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
+# Compiling costs tens of seconds per family and graph on a 2-core machine, so the compiled path is run on the
+# families that between them hold every part the compiler meets: an encoder with token types and learned positions
+# (BERT), Conv1D and a tied head (GPT-2), and rotary angles, grouped key/value heads, RMSNorm, a gated MLP,
+# sliding-window layers and soft caps (Gemma 2). Every family's eager path is held to transformers elsewhere, and
+# the static cache's decoding (eager) runs on every causal family below.
+COMPILED = [name for name in ("bert", "gpt2", "gemma2") if name in FAMILIES]
+COMPILED_CAUSAL = [name for name in COMPILED if FAMILIES[name].causal]
 
 # Compiled against eager float32: |compiled - eager| <= COMPILED_ATOL + COMPILED_RTOL * |eager|. Inductor fuses
 # and reorders sums, so the last bits differ: worst seen here ~2e-6 (logits of magnitude ~10), and on
@@ -32,7 +39,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@each_family
+@pytest.mark.parametrize("family", COMPILED)
 def test_idle_hook_points_make_one_graph_that_follows_eager_and_transformers(saved, family):
     """No graph break on a batch padded on the left, on the right and all through (fullgraph=True would raise at
     one); the compiled logits follow eager float32 within the stated bound, and transformers wherever a query sees
@@ -109,7 +116,7 @@ def graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@each_family
+@pytest.mark.parametrize("family", COMPILED_CAUSAL)
 def test_compiled_run_with_cache_follows_eager_and_compiles_once_per_set_of_names(saved, family):
     """run_with_cache asked only to cache runs one compiled graph per set of names (no graph break: the wrapper
     compiles with fullgraph=True): the same names in the same order as eager, each tensor within the compiled bound
@@ -172,7 +179,7 @@ def test_compiled_run_with_cache_leaves_no_hook_behind_and_falls_back_to_eager_f
         fast.run_with_cache(**inputs, metric=metric)
 
 
-@each_family
+@pytest.mark.parametrize("family", COMPILED)
 def test_compile_model_refuses_bad_values_with_the_models_own_error(saved, family):
     """An id past the vocabulary, a position past the table, an additive mask: a compiled graph cannot check values,
     and a parallel CPU kernel that indexes out of bounds aborts the process (pytorch/pytorch#195402), so the wrapper
@@ -229,7 +236,7 @@ def test_frozen_weights_edited_in_place_are_refused_and_unfrozen_ones_are_follow
                 assert_scaled_parity(fast(**inputs).logits, model(**inputs).logits, "after an edit")
 
 
-@pytest.mark.parametrize("family", CAUSAL)
+@pytest.mark.parametrize("family", COMPILED_CAUSAL)
 def test_compiled_generate_gives_the_eager_tokens(saved, family):
     """Greedy decoding over the static KV cache, left-padded prompts of three lengths: the tokens of eager
     generate, which equal transformers' (test_families.py); a longer generation that needs a larger cache too.
