@@ -7,7 +7,7 @@ from weight_mapping import Checkpoint, CheckpointError
 
 from .family import Family, architectures
 
-FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox")
+FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "gemma2")
 
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}
