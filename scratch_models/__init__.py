@@ -1,4 +1,5 @@
-"""Readable, from-scratch BERT and GPT-2 that load real Hugging Face checkpoints and can be looked inside.
+"""Readable, from-scratch PyTorch models of every registered transformer family (FAMILIES) that load real Hugging
+Face checkpoints and can be looked inside: {families}.
 
     from scratch_models import BertModel
     model = BertModel.from_pretrained("bert-base-uncased")
@@ -11,10 +12,13 @@ command line and the tests do.
 
 from .config import ConfigError
 from .families import FAMILIES
+from .lens_names import get_act_name
 from .tokenizer import Tokenizer
 from weight_mapping import CheckpointError
 
+if __doc__:  # the registry's families, so the line is never stale (python -OO strips docstrings)
+    __doc__ = __doc__.replace("{families}", ", ".join(family.title for family in FAMILIES.values()))
 _exported = {cls.__name__: cls for family in FAMILIES.values() for cls in (family.config_class, *family.classes)}
 globals().update(_exported)
 
-__all__ = sorted(["CheckpointError", "ConfigError", "FAMILIES", "Tokenizer", *_exported])
+__all__ = sorted(["CheckpointError", "ConfigError", "FAMILIES", "Tokenizer", "get_act_name", *_exported])

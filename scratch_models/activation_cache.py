@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .parts.attention import head_results
-from .lens_names import act_name
+from .lens_names import get_act_name
 
 # where a pos_slice is applied: None (all), an index (the axis goes), a slice, or a list / tensor of indices
 PosSlice = int | slice | Sequence[int] | torch.Tensor | None
@@ -50,14 +50,18 @@ class ActivationCache(Mapping):
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], model: nn.Module, *,
                  input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                 has_batch_dim: bool = True):
+                 has_batch_dim: bool = True, lens_keys: list[str] | None = None):
         self._tensors = dict(tensors)
         self.model = model
+        self._asked = lens_keys  # the TransformerLens names a names_filter picked (None: every one held)
         self.input_ids = input_ids
         self.attention_mask = attention_mask
         self.has_batch_dim = has_batch_dim
         # recorded now, just after the run: dropout (training mode) breaks every sum the helpers rely on
         self.training = model.training
+        # TransformerLens' names as they stood for this run: a module spliced in for it (a dictionary, see
+        # scratch_models/dictionaries/splice.py) may be taken out before the cache is read
+        self._lens_names = model.lens_names()
 
     # ---- the mapping ----------------------------------------------------------------------------------------------
 
@@ -69,7 +73,7 @@ class ActivationCache(Mapping):
         if isinstance(name, str) and name in self._tensors:
             return self._tensors[name]
         lens_name = self._lens_name(name)
-        resolved = self.model.lens_names().get(lens_name.removesuffix("_grad")) if lens_name else None
+        resolved = self._lens_names.get(lens_name.removesuffix("_grad")) if lens_name else None
         if resolved is None:
             raise KeyError(self._missing(name if isinstance(name, str) else lens_name or repr(name))) from None
         if resolved.source is None:
@@ -97,19 +101,40 @@ class ActivationCache(Mapping):
         """TL's full hook name for a key TL's way (a shorthand or a (name, layer, kind) tuple), negative layers
         counted from the end; None for a key that is neither."""
         if isinstance(key, str):
-            return act_name(key)
+            return get_act_name(key)
         if not isinstance(key, tuple) or not 1 <= len(key) <= 3 or not isinstance(key[0], str):
             return None
         name, layer, *kind = (*key, None) if len(key) == 1 else key
         if isinstance(layer, int) and layer < 0:
             layer += self._stream().n_layers
-        return act_name(name, layer, *kind)
+        return get_act_name(name, layer, *kind)
 
     def __iter__(self):
-        return iter(self._tensors)
+        return iter(self._tensors if not self._lens_keys() else self._lens_keys())
 
     def __len__(self) -> int:
-        return len(self._tensors)
+        return len(self._tensors if not self._lens_keys() else self._lens_keys())
+
+    def hook_names(self) -> list[str]:
+        """Our hook names of the cached tensors (gradients as `{name}_grad`), in forward order, whatever the keys."""
+        return list(self._tensors)
+
+    @property
+    def cache_dict(self) -> dict[str, torch.Tensor]:
+        """Key -> tensor, as a dict (TransformerLens' ActivationCache.cache_dict): a copy, in TL's names for a model
+        loaded with transformer_lens=True."""
+        return {name: self[name] for name in self}
+
+    def _lens_keys(self) -> list[str] | None:
+        """The keys in TransformerLens' names, for a model loaded with transformer_lens=True (None otherwise):
+        each TL name whose tensor the cache holds, as TL would have called it (scratch_models.hooks), those a
+        names_filter picked if one did, in forward order, then the gradients."""
+        if not getattr(self.model, "transformer_lens", False):
+            return None
+        points, names = self.model.hook_points(), self.model.lens_names()
+        held = [name for name, resolved in names.items() if resolved.cached_from in self._tensors
+                and self.model.lens_offers(resolved, points) and (self._asked is None or name in self._asked)]
+        return held + [f"{name}_grad" for name in held if f"{names[name].source}_grad" in self._tensors]
 
     def __repr__(self) -> str:
         names = list(self._tensors)
@@ -119,7 +144,7 @@ class ActivationCache(Mapping):
     def _missing(self, name: str) -> str:
         points = self.model.hook_points()
         base = name.removesuffix("_grad")
-        lens = self.model.lens_names()
+        lens = self._lens_names
         if base in lens:
             base = lens[base].source
         if base in points:

@@ -7,7 +7,9 @@
 
 A family's base model subclasses `CausalDecoder` and builds `embeddings`, `layers`, `norm_f` and the `ln_f` hook
 point; `positional(x, position_ids)` gives what its blocks need of the positions beyond the embeddings (GPT-NeoX's
-rotary angles; GPT-2: nothing). Its LM class is `CausalLM` over that base model.
+rotary angles; GPT-2: nothing). Its LM class is `CausalLM` over that base model. The embeddings' forward takes
+(input_ids, position_ids, inputs_embeds): inputs_embeds, when given, go through its `word` hook point in place of
+the token embeddings, so every hook point from `embeddings.word` on fires as it does for ids.
 
 Shapes: b batch, s new tokens, p tokens already in the KV cache, h hidden, V vocabulary.
 """
@@ -55,20 +57,21 @@ class CausalDecoder(PretrainedModel):
         """What the blocks need of the positions beyond the embeddings (Step.positional): nothing by default."""
         return None
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
-                use_cache: bool = False, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> BaseModelOutputWithPast:
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                past_key_values: KVCache | None = None, use_cache: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False, inputs_embeds=None) -> BaseModelOutputWithPast:
         """input_ids [b, s]: the new tokens; attention_mask [b, p + s] 1 keep / 0 pad, covering the cached tokens
         too; position_ids [b, s] or [1, s] (default p .. p+s-1, as in transformers' forward: a left-padded row
         wants its own, see `generate`); past_key_values: a KVCache to attend to and extend, or None (then
-        `use_cache=True` starts one). The cache in use is returned as `past_key_values`.
+        `use_cache=True` starts one). The cache in use is returned as `past_key_values`. inputs_embeds [b, s, h]:
+        the new tokens' embeddings in place of input_ids (in the token embeddings' dtype; exactly one of the two).
 
         A query that may see no key (its row of attention_mask all 0 up to it, e.g. left padding) is legal: its
         attention weights and context are 0, as transformers' default SDPA attention computes (its eager path
         spreads them evenly). Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError
         naming them; a bad call leaves the cache as it was."""
-        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
-        batch, seq = input_ids.shape
+        batch, seq = self.check_tokens(input_ids, inputs_embeds)
+        device = (input_ids if input_ids is not None else inputs_embeds).device
         cache = self._cache(past_key_values, use_cache, batch)
         past = cache.length if cache is not None else 0
         limit, field = self.table_size("position_ids")
@@ -77,11 +80,11 @@ class CausalDecoder(PretrainedModel):
                 raise ValueError(f"{past} cached and {seq} new tokens need positions up to {past + seq - 1}; "
                                  f"this model has {field}={limit}, so at most {limit} tokens fit, cached ones "
                                  "included")
-            position_ids = torch.arange(past, past + seq, device=input_ids.device)[None, :]
+            position_ids = torch.arange(past, past + seq, device=device)[None, :]
         check_ids("position_ids", position_ids, limit, field, shapes=((batch, seq), (1, seq)))
         check_mask("attention_mask", attention_mask, (batch, past + seq))
 
-        x = self.embeddings(input_ids, position_ids)
+        x = self.embeddings(input_ids, position_ids, inputs_embeds)
         if attention_mask is not None and nothing_padded(attention_mask):
             attention_mask = None
         # Without padding, a fresh sequence is blocked by causality alone, which the fused kernel applies itself
@@ -184,9 +187,10 @@ class CausalLM(GenerationMixin):
                                              f"cap ({self.logit_cap_field}) makes them the logits")
         self.logits = HookPoint("b, s, V", "scores over the vocabulary for the next token, per position")
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
-                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
-                labels=None, logits_to_keep: int = 0) -> CausalLMOutputWithPast:
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                past_key_values: KVCache | None = None, use_cache: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False, labels=None, logits_to_keep: int = 0,
+                inputs_embeds=None) -> CausalLMOutputWithPast:
         """As the base model's forward; `labels` [b, s] (-100 = not scored, usually input_ids) adds the
         cross-entropy loss of predicting labels[:, t + 1] from position t. `logits_to_keep`: compute the logits of
         the last that many positions only (0: all), as in transformers; decoding needs just the last one."""
@@ -195,11 +199,11 @@ class CausalLM(GenerationMixin):
         if labels is not None and logits_to_keep:
             raise ValueError("labels need the logits of every position: leave logits_to_keep=0")
         if labels is not None:  # checked before the forward pass, which would already have extended a cache
-            check_ids("input_ids", input_ids, *self.table_size("input_ids"))
-            check_ids("labels", labels, self.config.vocab_size, "vocab_size", shapes=(tuple(input_ids.shape),),
-                      ignore=-100)
+            check_ids("labels", labels, self.config.vocab_size, "vocab_size",
+                      shapes=(self.check_tokens(input_ids, inputs_embeds),), ignore=-100)
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         hidden = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
         scores = F.linear(hidden, self.output_embeddings)
         if self.logit_cap_field:

@@ -3,7 +3,7 @@ and is registered by its name here, once."""
 
 import importlib
 
-from weight_mapping import Checkpoint, CheckpointError
+from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, embedded_checkpoint, read_config_json
 
 from .family import Family, architectures
 
@@ -31,3 +31,24 @@ def family_of(checkpoint: Checkpoint) -> Family:
     said = f"its architectures name {', '.join(named)}" if named else "and no architectures"
     raise CheckpointError(f"{config_path}: no model_type, {said}, which is none of the supported families' classes "
                           f"({supported})")
+
+
+def offline_advice(family: Family | None) -> str:
+    """What to use offline in place of a hub checkpoint of `family` that is not cached (None: a family not known):
+    `scratch-models tiny`, and the embedded real checkpoint where it is of that family."""
+    embedded = _embedded_family()
+    real = (f"`{EMBEDDED_NAME}`, the real {FAMILIES[embedded].title} all-MiniLM-L6-v2 that comes with this package "
+            "(offline)") if embedded in FAMILIES else ""
+    if family is None:
+        return (f"To try the commands offline, `scratch-models tiny FAMILY DIR` writes a small random model with a "
+                f"tokenizer (FAMILY: {', '.join(FAMILIES)}) to use in its place" + (f"; or use {real}" if real else ""))
+    return (f"To try it offline, `scratch-models tiny {family.name} DIR` writes a small random {family.title} model "
+            f"with a tokenizer to use in its place" + (f"; or use {real}" if embedded == family.name else ""))
+
+
+def _embedded_family() -> str | None:
+    """The model_type of the embedded checkpoint (`minilm`), None where its package is not installed."""
+    try:
+        return read_config_json(embedded_checkpoint() / "config.json").get("model_type")
+    except CheckpointError:
+        return None

@@ -5,6 +5,7 @@ them), so after the prompt each step runs the model on the one new token only an
 keys and values of all the tokens before it.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -103,40 +104,206 @@ def warp(scores: torch.Tensor, temperature: float = 1.0, top_k: int | None = Non
 
 
 class _FromConfig:
-    """The default of `generate`'s eos_token_id: the config's (None cannot say it: None means no end token)."""
+    """The default of a `generate` argument: the model's generation config's (None cannot say it: None means no end
+    token, or no top-k)."""
 
     def __repr__(self) -> str:
-        return "<the config's>"
+        return "<the generation config's>"
 
 
 FROM_CONFIG = _FromConfig()
 
+# transformers' defaults for what a generation config leaves unset (GenerationConfig._get_default_generation_params;
+# its max_length=20 counts from the prompt's end when left at its default: 20 new tokens)
+TRANSFORMERS_DEFAULTS = dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, max_new_tokens=20)
+# TransformerLens' generate's defaults, for a model loaded with transformer_lens=True
+LENS_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=10)
+# transformers' generation settings that change the tokens and that generate does not implement: the value that
+# leaves each off
+NOT_IMPLEMENTED = {"num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "repetition_penalty": 1.0,
+                   "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0,
+                   "min_new_tokens": None, "typical_p": 1.0, "min_p": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+                   "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None,
+                   "forced_eos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+                   "exponential_decay_length_penalty": None, "guidance_scale": None, "dola_layers": None,
+                   "stop_strings": None, "max_time": None, "num_return_sequences": 1}
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    """What `generate` does when a call does not say, read as transformers reads it: a checkpoint's
+    generation_config.json where it has one (the fields it sets; the others are transformers' defaults, and its end
+    token is its own, none if it names none), else config.json's special tokens (transformers'
+    GenerationConfig.from_model_config). `unsupported`: settings the file makes that generate does not implement
+    (beam search, a repetition penalty, ...), refused by generate rather than ignored; clear them to generate
+    without. `max_length` counts the prompt, as transformers'."""
+
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    max_length: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    unsupported: dict = dataclasses.field(default_factory=dict)
+    source: str = "config.json"
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str) -> "GenerationConfig":
+        """The generate settings of a generation_config.json (or of config.json's special tokens)."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+        kinds = {"do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
+                 "max_new_tokens": (int,), "max_length": (int,), "eos_token_id": (int, list), "pad_token_id": (int,)}
+        values = {}
+        for field, kind in kinds.items():
+            value = raw.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) != (bool in kind) or not isinstance(value, kind):
+                raise ValueError(f"{source}: {field} should be {' or '.join(k.__name__ for k in kind)}, got "
+                                 f"{value!r}")
+            values[field] = value
+        unsupported = {field: raw[field] for field, off in NOT_IMPLEMENTED.items()
+                       if raw.get(field, off) not in (off, None)}
+        return cls(**values, unsupported=unsupported, source=source)
+
+    @classmethod
+    def from_model_config(cls, config) -> "GenerationConfig":
+        return cls(eos_token_id=getattr(config, "eos_token_id", None), pad_token_id=getattr(config, "pad_token_id",
+                                                                                            None))
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint, config) -> "GenerationConfig":
+        """generation_config.json beside the checkpoint's config.json, or the model config's special tokens."""
+        from weight_mapping import GENERATION_CONFIG, read_config_json
+
+        path = checkpoint.directory / GENERATION_CONFIG
+        if not path.is_file():
+            return cls.from_model_config(config)
+        return cls.from_dict(read_config_json(path), str(path))
+
 
 class GenerationMixin:
     """`generate` for a causal LM (GPT2LMHeadModel, GPTNeoXForCausalLM): greedy or sampled decoding with the KV
-    cache, batched with left padding."""
+    cache, batched with left padding; text in and out TransformerLens' way."""
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        """generate's defaults (GenerationConfig): the checkpoint's, for a model from from_pretrained; assign one to
+        change them."""
+        found = self.__dict__.get("_generation_config")
+        return found if found is not None else GenerationConfig.from_model_config(self.config)
+
+    @generation_config.setter
+    def generation_config(self, value: GenerationConfig) -> None:
+        if not isinstance(value, GenerationConfig):
+            raise TypeError(f"generation_config must be a scratch_models.generation.GenerationConfig, got "
+                            f"{type(value).__name__}")
+        self.__dict__["_generation_config"] = value
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                 max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None,
+    def generate(self, input_ids=None, attention_mask: torch.Tensor | None = None, *,
+                 max_new_tokens: int = FROM_CONFIG, do_sample: bool = FROM_CONFIG, temperature: float = FROM_CONFIG,
+                 top_k: int | None = FROM_CONFIG, top_p: float | None = FROM_CONFIG,
                  eos_token_id: int | list[int] | tuple[int, ...] | None = FROM_CONFIG,
                  pad_token_id: int | None = None, generator: torch.Generator | None = None,
-                 streamer=None) -> torch.Tensor:
+                 streamer=None, input=None, stop_at_eos: bool = True, prepend_bos: bool | None = None,
+                 padding_side: str | None = None, return_type: str = "input", verbose: bool = True,
+                 use_past_kv_cache: bool = True, freq_penalty: float = 0.0,
+                 repetition_penalty: float = 1.0):
         """input_ids [b, s] -> [b, s + generated]: the prompts followed by up to `max_new_tokens` new tokens.
 
         A batch of prompts of different lengths is padded on the left, with `attention_mask` [b, s] (1 token,
         0 padding; None means no padding), so every row's next token lands in the same column. A row padded on
         the right or with a gap, or with no token at all, is refused.
         Greedy (`do_sample=False`, argmax) unless sampling; sampling draws from `warp`ed scores with `generator`.
-        Unlike transformers, sampling applies no top-k unless asked (transformers' default is top_k=50).
-        A row stops at `eos_token_id` (an id, or a list or tuple of ids: any of them; default the config's; None:
-        never, as in transformers) and is filled with `pad_token_id` (default the config's, else the first end
+        A row stops at `eos_token_id` (an id, or a list or tuple of ids: any of them; None: never, as in
+        transformers) and is filled with `pad_token_id` (default the generation config's, else the first end
         token inside the vocabulary) until every row has stopped or `max_new_tokens` are generated.
         The config's end tokens outside the vocabulary are never generated, so they never stop a row (transformers'
         GPT2Config keeps eos_token_id=50256 whatever its vocab_size); an argument outside it is refused.
         `streamer`: anything with `put(token_ids)` and `end()`, called as transformers calls its streamers.
+
+        What a call leaves unsaid comes from `model.generation_config`, read from the checkpoint as transformers
+        reads it (generation_config.json, else config.json), with transformers' defaults for the rest (greedy, 20
+        new tokens, and top_k=50, temperature 1.0, top_p 1.0 when sampling); for a model loaded with
+        transformer_lens=True, TransformerLens' defaults instead (sampling, 10 new tokens, no top-k or top-p).
+
+        TransformerLens' way too: a text or a list of texts (positionally or as `input`) is tokenized as
+        `to_tokens` does (`prepend_bos`; a batch padded on the left with its attention mask) and `return_type`
+        "input" (the default) gives back the type that came in: text (decoded without special tokens, as TL's
+        bridge does) for text, ids for ids; "str" or "tokens" say which. `stop_at_eos=False` stops at no end token.
+        `verbose`, `use_past_kv_cache` and `padding_side` are accepted and change nothing (the KV cache is always
+        used, and a batch of texts is padded on the left, as TL's generate pads it whatever the side);
+        `freq_penalty` and `repetition_penalty` are not implemented and refused unless left at 0 and 1.
         """
+        if input is not None:
+            if input_ids is not None:
+                raise ValueError("give the prompt once: as `input` (TransformerLens' name) or input_ids")
+            input_ids = input
+        if input_ids is None:
+            raise ValueError("generate needs a prompt: token ids [b, s], a text or a list of texts")
+        if freq_penalty != 0.0 or repetition_penalty != 1.0:
+            raise ValueError("freq_penalty and repetition_penalty are not implemented here: leave them at 0 and 1")
+        if return_type not in ("input", "str", "tokens"):
+            raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
+        prompt = input_ids
+        text = isinstance(prompt, str) or isinstance(prompt, (list, tuple)) and bool(prompt) and all(
+            isinstance(t, str) for t in prompt)
+        if text:
+            if attention_mask is not None:
+                raise ValueError("attention_mask is made by the tokenizer from the text: give token ids to pass your "
+                                 "own")
+            batch = self._tokenizer()([input_ids] if isinstance(input_ids, str) else list(input_ids),
+                                      prepend_bos=self.default_prepend_bos if prepend_bos is None else prepend_bos,
+                                      padding_side="left", device=self._device())
+            input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        settings = self._generation_settings(max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                             temperature=temperature, top_k=top_k, top_p=top_p,
+                                             eos_token_id=eos_token_id if stop_at_eos else None,
+                                             prompt_len=input_ids.shape[-1] if isinstance(input_ids, torch.Tensor)
+                                             else 0)
+        tokens = self._generate(input_ids, attention_mask, pad_token_id=pad_token_id, generator=generator,
+                                streamer=streamer, **settings)
+        if return_type == "tokens" or (return_type == "input" and not text):
+            return tokens
+        texts = self._tokenizer().batch_decode(tokens, skip_special_tokens=True)
+        return texts[0] if isinstance(prompt, str) or len(texts) == 1 else texts  # TransformerLens' bridge's way
+
+    def _generation_settings(self, prompt_len: int, **given) -> dict:
+        """The decoding settings of a call: what it gives, else the generation config's, else the defaults
+        (transformers', or TransformerLens' for a model loaded with transformer_lens=True)."""
+        config = self.generation_config
+        if config.unsupported:
+            settings = ", ".join(f"{name}={value!r}" for name, value in config.unsupported.items())
+            raise ValueError(f"{config.source} sets {settings}, which generate does not implement (transformers "
+                             "would apply it, so the tokens would differ): clear model.generation_config.unsupported "
+                             "to generate without it")
+        defaults = LENS_DEFAULTS if getattr(self, "transformer_lens", False) else TRANSFORMERS_DEFAULTS
+        settings = {}
+        for name, value in given.items():
+            if value is FROM_CONFIG:
+                own = getattr(config, name)
+                value = own if own is not None or name == "eos_token_id" else defaults[name]
+            settings[name] = value
+        if given["max_new_tokens"] is FROM_CONFIG and config.max_new_tokens is None:
+            if config.max_length is not None:
+                settings["max_new_tokens"] = config.max_length - prompt_len
+                if settings["max_new_tokens"] < 1:
+                    raise ValueError(f"input_ids has {prompt_len} tokens, and {config.source} sets max_length="
+                                     f"{config.max_length} (the prompt included): pass max_new_tokens")
+            elif defaults is TRANSFORMERS_DEFAULTS:  # transformers' default length stops at the position table
+                limit = getattr(self.config, self.family.positions_field)
+                settings["max_new_tokens"] = max(1, min(settings["max_new_tokens"], limit - prompt_len))
+        settings["configured_eos"] = given["eos_token_id"] is FROM_CONFIG
+        return settings
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
+                  do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, eos_token_id,
+                  configured_eos: bool, pad_token_id: int | None, generator: torch.Generator | None,
+                  streamer) -> torch.Tensor:
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
         batch, prompt_len = input_ids.shape
@@ -145,7 +312,8 @@ class GenerationMixin:
         check_mask("attention_mask", attention_mask, (batch, prompt_len))
         _check_left_padded(attention_mask)
         _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p)
-        eos, pad = _stop_tokens(eos_token_id, pad_token_id, config)
+        eos, pad = _stop_tokens(eos_token_id, configured_eos, pad_token_id, self.generation_config.pad_token_id,
+                                config.vocab_size)
         if eos is not None:
             eos = torch.tensor(eos, dtype=torch.long, device=input_ids.device)
         # Positions count a row's real tokens, so a left-padded prompt starts at position 0 like an unpadded one;
@@ -250,17 +418,17 @@ def _check_left_padded(attention_mask: torch.Tensor) -> None:
                          "\"left\")")
 
 
-def _stop_tokens(eos_token_id, pad_token_id, config) -> tuple[list[int] | None, int | None]:
+def _stop_tokens(eos_token_id, configured: bool, pad_token_id, configured_pad, vocab: int
+                 ) -> tuple[list[int] | None, int | None]:
     """The end tokens that can stop a row (None: none can) and the id that fills a stopped row.
 
-    An argument is checked whether or not it is used; a config's value only where it is used, so a small config
-    with transformers' default eos_token_id=50256 still generates. The fill falls back to the first end token
-    inside the vocabulary: transformers takes the first one, writes it even when it lies outside, and then fails
-    on feeding it back.
+    An argument is checked whether or not it is used; the generation config's value (`configured`) only where it
+    is used, so a small config with transformers' default eos_token_id=50256 still generates. The fill falls back
+    to the first end token inside the vocabulary: transformers takes the first one, writes it even when it lies
+    outside, and then fails on feeding it back.
     """
-    vocab = config.vocab_size
-    if eos_token_id is FROM_CONFIG:
-        eos = [t for t in _token_ids("eos_token_id", config.eos_token_id, " (the config's)") if t < vocab]
+    if configured:
+        eos = [t for t in _token_ids("eos_token_id", eos_token_id, " (the generation config's)") if t < vocab]
     else:
         eos = _token_ids("eos_token_id", eos_token_id)
         _check_in_vocab("eos_token_id", eos, vocab, hint="; the model can never generate it (eos_token_id=None: "
@@ -268,9 +436,9 @@ def _stop_tokens(eos_token_id, pad_token_id, config) -> tuple[list[int] | None, 
     if pad_token_id is not None:
         (pad,) = _token_ids("pad_token_id", pad_token_id, single=True)
         _check_in_vocab("pad_token_id", [pad], vocab)
-    elif config.pad_token_id is not None and eos:
-        (pad,) = _token_ids("pad_token_id", config.pad_token_id, " (the config's)", single=True)
-        _check_in_vocab("pad_token_id", [pad], vocab, " (the config's)", hint="; pass pad_token_id")
+    elif configured_pad is not None and eos:
+        (pad,) = _token_ids("pad_token_id", configured_pad, " (the generation config's)", single=True)
+        _check_in_vocab("pad_token_id", [pad], vocab, " (the generation config's)", hint="; pass pad_token_id")
     else:
         pad = eos[0] if eos else None
     return eos or None, pad

@@ -12,17 +12,36 @@ class HookPoint(nn.Module):
     """`dims`: the tensor's axes, comma-separated ("b, n, s, d"; b batch, s new tokens, p cached ones, n heads, d
     head size, h hidden, m MLP width, V vocabulary, L labels, c choices); `doc`: what the tensor is;
     `docs/hook_names.md` is generated from both. `opt_in`: a point whose tensor is computed only for a listener (it
-    costs work and memory of its own), so `run_with_cache` caches it only when named."""
+    costs work and memory of its own), so `run_with_cache` caches it only when named. `lens`: TransformerLens' name
+    of a point that lives inside a module spliced into another point (a dictionary's `hook_sae_acts_post`), said
+    after each TL name of that point."""
 
-    def __init__(self, dims: str, doc: str, opt_in: bool = False):
+    spliced = None  # a module run on the tensor before any listener (see `splice`)
+
+    def __init__(self, dims: str, doc: str, opt_in: bool = False, lens: str | None = None):
         super().__init__()
         self.dims = tuple(part.strip() for part in dims.split(","))
         self.doc = doc
         self.opt_in = opt_in
+        self.lens = lens
         self.fn = None  # set only while a listener is attached
 
     def __call__(self, x):
+        if self.spliced is not None:
+            x = self.spliced(x)
         return x if self.fn is None else self.fn(x)
+
+    def splice(self, module) -> None:
+        """Run `module` on this point's tensor before its listeners, which then see (and edit) what the module
+        returns; None removes it, leaving the point as it was. The module becomes this point's child `sae`, so its
+        own hook points are named under this one (`layers.8.out.sae.acts`). A sparse dictionary is spliced so
+        (scratch_models/dictionaries/splice.py)."""
+        if module is None:
+            self._modules.pop("sae", None)
+            self.__dict__.pop("spliced", None)
+        else:
+            self.add_module("sae", module)
+            object.__setattr__(self, "spliced", module)
 
     def listen(self, fn) -> None:
         """Set the listener (None: none). Past nn.Module's __setattr__, which takes ten times as long (a full

@@ -21,10 +21,15 @@ from torch import nn
 
 from .activation_cache import ActivationCache, glob
 from .hook_point import HookPoint
-from .lens_names import Resolved, layer_of, lens_names
+from .lens_forks import Fork, fork_run
+from .lens_names import NormStatistic, Resolved, layer_of, lens_names
 
 HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 Target = tuple[str, Callable]  # (our hook point, fn(tensor, point name) -> replacement or None)
+
+# TransformerLens' switches (model.set_use_attn_result(True), ...) of the opt-in hook points they turn on for TL's
+# filters: TL name ending -> switch. (The switched-on copies of the stream, scratch_models.lens_forks, name theirs.)
+OPT_IN_SWITCHES = {"attn.hook_result": "use_attn_result"}
 
 
 class LensHook:
@@ -55,6 +60,10 @@ class HookedModel(nn.Module):
         """Hook name -> HookPoint, in forward order. A name is the point's path in the module tree, less the
         path segment of any container that sets `hook_names_skip_me` (BertEncoder), so names stay short and read
         alike in both families: `layers.3.attn.probs`."""
+        return {name: m for name, m in self.short_named_modules().items() if isinstance(m, HookPoint)}
+
+    def short_named_modules(self) -> dict[str, nn.Module]:
+        """Every module under its path, shortened as hook names are (see hook_points)."""
         modules = dict(self.named_modules())
         # read from the class: a missing attribute on the instance goes through nn.Module.__getattr__, which is slow
         skipped = [name for name, m in modules.items() if getattr(type(m), "hook_names_skip_me", False)]
@@ -66,7 +75,7 @@ class HookedModel(nn.Module):
                     name = (f"{parent}." if parent else "") + name[len(container) + 1:]
             return name
 
-        return {short(name): m for name, m in modules.items() if isinstance(m, HookPoint)}
+        return {short(name): m for name, m in modules.items()}
 
     def hook_names(self) -> list[str]:
         """Every hook point's name, in the order the forward pass reaches them."""
@@ -81,25 +90,62 @@ class HookedModel(nn.Module):
         return {name: point.dims for name, point in self.hook_points().items()}
 
     def lens_names(self) -> dict[str, Resolved]:
-        """TransformerLens' hook name -> what it is in this model (scratch_models.lens_names), in forward order."""
-        layers = len(getattr(self, "layers", ()))
+        """TransformerLens' hook name -> what it is in this model (scratch_models.lens_names), in forward order;
+        then those of modules spliced into hook points (a dictionary's `blocks.8.hook_resid_pre.hook_sae_acts_post`)."""
+        structure = (len(getattr(self, "layers", ())), self.__dict__.get("_splices", 0))
         known = self.__dict__.get("_lens_names")
-        if known is None or known[0] != layers:  # computed once per structure: cache lookups ask it often
-            known = (layers, lens_names(self))
+        if known is None or known[0] != structure:  # computed once per structure: cache lookups ask it often
+            known = (structure, _with_spliced(lens_names(self), self.hook_points()))
             self.__dict__["_lens_names"] = known
         return known[1]
 
+    def lens_flag(self, flag: str) -> bool:
+        """Whether TransformerLens' switch `flag` ("use_attn_result", "use_split_qkv_input", "use_attn_in",
+        "use_hook_mlp_in") is on: model.set_use_attn_result(True) and its kin turn them on."""
+        return self.__dict__.get("_lens_flags", {}).get(flag, False)
+
+    @property
+    def hook_dict(self) -> dict[str, LensHook]:
+        """Hook name -> its hook (TransformerLens' HookedRootModule.hook_dict: `hook_dict[name].add_hook(fn)`),
+        in forward order: TL's names for a model loaded with transformer_lens=True (those TL would call now: the
+        switched-off ones left out), ours otherwise."""
+        if getattr(self, "transformer_lens", False):
+            points, names = self.hook_points(), self.lens_names()
+            return {name: LensHook(self, name) for name, resolved in names.items()
+                    if self.lens_offers(resolved, points)}
+        return {name: LensHook(self, name) for name in self.hook_points()}
+
+    @property
+    def mod_dict(self) -> dict:
+        """Module name (shortened as hook names are) -> module, and every name of `hook_dict` -> its hook
+        (HookedRootModule.mod_dict)."""
+        return {name: module for name, module in self.short_named_modules().items() if name} | self.hook_dict
+
+    def splices_changed(self) -> None:
+        """Say that a module was spliced into a hook point or taken out (HookPoint.splice), so the TL names are
+        read again."""
+        self.__dict__["_splices"] = self.__dict__.get("_splices", 0) + 1
+
     @contextlib.contextmanager
-    def hooks(self, hooks: Iterable[tuple[str, HookFn]]):
+    def hooks(self, hooks: Iterable[tuple[str, HookFn]] = (), *, fwd_hooks=(), bwd_hooks=(),
+              reset_hooks_end: bool = True):
         """Attach `(name, fn)` pairs for the duration of a `with` block.
 
         `fn(tensor, name)` returns a replacement tensor of the same shape, dtype and device (anything else is an
         error naming the hook point), or None to leave the tensor as it is. A name is ours or TransformerLens'
         (the tensor then comes in TL's layout, and goes back in ours); a predicate on our names attaches `fn`
-        wherever it holds.
+        wherever it holds. TransformerLens' way too: `fwd_hooks` / `bwd_hooks` as in `run_with_hooks`
+        (a backward hook fires on a backward pass run inside the block), and `reset_hooks_end` removes the hooks
+        `add_hook` attached, at the end.
         """
-        with self._attached(self._targets(hooks, lens=False)):
-            yield self
+        targets = [*self._targets(hooks, lens=False), *self._targets(fwd_hooks, lens=True),
+                   *self._targets(bwd_hooks, lens=True, backward=True)]
+        try:
+            with self._attached(targets):
+                yield self
+        finally:
+            if reset_hooks_end:
+                self.reset_hooks()
 
     def run_with_hooks(self, *args, hooks: Iterable[tuple[str, HookFn]] = (), fwd_hooks=(), bwd_hooks=(),
                        reset_hooks_end: bool = True, **kwargs):
@@ -173,7 +219,7 @@ class HookedModel(nn.Module):
         finally:
             if reset_hooks_end:
                 self.reset_hooks()
-        activations = activation_cache(self, cache, args, kwargs)
+        activations = activation_cache(self, cache, args, kwargs, lens_keys=lens_chosen(self, names_filter))
         return output, activations.remove_batch_dim() if remove_batch_dim else activations
 
     def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -181,10 +227,14 @@ class HookedModel(nn.Module):
         return args, kwargs
 
     def batch_size(self, args: tuple, kwargs: dict) -> int | None:
-        """How many sequences a call's input_ids hold (choices of an example counted apart), or None."""
-        ids = inspect.signature(self.forward).bind_partial(*args, **_forward_arguments(self, kwargs)).arguments.get(
-            "input_ids")
-        return ids.shape[:-1].numel() if isinstance(ids, torch.Tensor) and ids.dim() >= 2 else None
+        """How many sequences a call's input_ids (or inputs_embeds) hold, choices of an example counted apart; None
+        when neither is a tensor of a batch."""
+        arguments = inspect.signature(self.forward).bind_partial(*args, **_forward_arguments(self, kwargs)).arguments
+        for name, trailing in (("input_ids", 1), ("inputs_embeds", 2)):
+            tokens = arguments.get(name)
+            if isinstance(tokens, torch.Tensor) and tokens.dim() > trailing:
+                return tokens.shape[:-trailing].numel()
+        return None
 
     # ---- TransformerLens' hooks that stay attached ----------------------------------------------------------------
 
@@ -249,8 +299,8 @@ class HookedModel(nn.Module):
         for name, fn in pairs:
             if callable(name):
                 chosen = [n for n in (names if lens else points) if name(n)]
-                if lens:  # as TL's filters: names with a tensor here, the opt-in ones only when named
-                    chosen = [n for n in chosen if names[n].offered]
+                if lens:  # as TL's filters: names TL would call now, each with a tensor here
+                    chosen = [n for n in chosen if self.lens_offers(names[n], points)]
                 if not chosen:
                     some = ", ".join(list(names if lens else points)[:4])
                     raise ValueError(f"the hook filter {getattr(name, '__name__', name)!r} holds for no hook point "
@@ -258,11 +308,36 @@ class HookedModel(nn.Module):
             else:
                 chosen = [name]
             for n in chosen:
-                targets.append(_target(self, n, fn, lens, backward, points, names, batch))
+                targets += _target(self, n, fn, lens, backward, points, names, batch)
         return targets
 
+    def lens_offers(self, resolved: Resolved, points: dict) -> bool:
+        """Whether a TL filter sees `resolved` now, as TransformerLens calls its hooks: a name with a tensor here;
+        a switched-on copy of the stream or an opt-in point (hook_result) only while its switch is on; a norm's
+        hook_scale and hook_normalized always, as TL's norms have them (opt-in points here, computed when listened
+        to; a cache computes them from the stream)."""
+        if resolved.source is None:
+            return False
+        if isinstance(resolved.entry, Fork):
+            return self.lens_flag(resolved.entry.flag)
+        if not points[resolved.source].opt_in or isinstance(resolved.entry, NormStatistic):
+            return True
+        switch = next((flag for end, flag in OPT_IN_SWITCHES.items() if resolved.name.endswith(end)), None)
+        return switch is not None and self.lens_flag(switch)
 
-def _target(model, name: str, fn, lens: bool, backward: bool, points, names, batch: int | None) -> Target:
+
+def _with_spliced(names: dict[str, Resolved], points: dict[str, HookPoint]) -> dict[str, Resolved]:
+    """`names` and, for each TL name of a hook point with a module spliced in, the TL names that module answers
+    under it (its `lens_names(resolved)`); TL's switched-on copies of a stream (forks) have none."""
+    spliced = {}
+    for resolved in names.values():
+        module = points[resolved.source].spliced if resolved.source is not None else None
+        if module is not None and not isinstance(resolved.entry, Fork):
+            spliced |= module.lens_names(resolved)
+    return names | spliced
+
+
+def _target(model, name: str, fn, lens: bool, backward: bool, points, names, batch: int | None) -> list[Target]:
     """`fn` attached by `name` (ours or TL's) as a listener of our hook point: the tensor shown in the layout the
     name stands for, and fn's replacement taken back into ours."""
     if not isinstance(name, str):
@@ -270,13 +345,15 @@ def _target(model, name: str, fn, lens: bool, backward: bool, points, names, bat
     resolved = None if name in points else _lens_entry(name, points, names)
     source = name if resolved is None else resolved.source
     hook = LensHook(model, name) if lens else name
+    if resolved is not None and isinstance(resolved.entry, Fork):
+        return _fork_targets(model, resolved, fn, hook, backward, names)
     if backward:
-        return source, _backward(fn, hook, resolved)
+        return [(source, _backward(model, fn, hook, resolved, batch))]
     if resolved is None:
-        return source, (lambda x, _: fn(x, hook)) if lens else fn
+        return [(source, (lambda x, _: fn(x, hook)) if lens else fn)]
 
     def run(x, _):
-        shown = resolved.show(x, model, batch)
+        shown = resolved.show(x, model, _batch(model, batch))
         replaced = fn(shown, hook)
         layout = resolved.entry.layout
         if replaced is None:
@@ -284,11 +361,65 @@ def _target(model, name: str, fn, lens: bool, backward: bool, points, names, bat
         _check_replacement(name, fn, shown, replaced)
         return layout.take(replaced, x)
 
-    return source, run
+    return [(source, run)]
 
 
-def _backward(fn, hook, resolved):
-    """A forward listener that hooks the gradient of its tensor: fn(gradient as the name shows it, hook)."""
+def _fork_targets(model, resolved: Resolved, fn, hook, backward: bool, names: dict) -> list[Target]:
+    """`fn` on TransformerLens' copy of a stream (scratch_models.lens_forks): at the stream's hook point the copy
+    is made and shown to `fn` (its gradient, for a backward hook); at each target's hook point, the target is
+    recomputed from the copy when that is needed."""
+    fork = resolved.entry
+    if not model.lens_flag(fork.flag):
+        raise ValueError(f"{resolved.name} fires only once TransformerLens' switch is on: call "
+                         f"model.set_{fork.flag}(True) first")
+    run = fork_run(model, resolved)
+
+    def listen(x, _):
+        copy = run.capture(x)
+        if backward:
+            if copy.requires_grad:
+                run.grad_wanted = True
+                copy.register_hook(_backward_fn(fn, hook, None))
+            return None
+        replaced = fn(copy, hook)
+        if replaced is not None:
+            _check_replacement(resolved.name, fn, copy, replaced)
+        run.replaced(replaced)
+        return None
+
+    targets = [(resolved.source, listen)]
+    for index, (target, _, _) in enumerate(fork.targets):
+        aimed = names[target.format(i=resolved.layer)]
+        targets.append((aimed.source, lambda y, _, index=index, layout=aimed.entry.layout: run.target(index, y,
+                                                                                                       layout)))
+    return targets
+
+
+def _backward(model, fn, hook, resolved, batch: int | None):
+    """A forward listener that hooks the gradient of its tensor: fn(gradient as the name shows it, hook). Where
+    TL's layout has a row per sequence and ours one for the batch (hook_pos_embed), the tensor goes on widened to a
+    row per sequence (the same values), so each row has a gradient of its own, as in TL."""
+    on_gradient = _backward_fn(fn, hook, resolved)
+
+    def listen(x, _):
+        if not x.requires_grad:
+            return None
+        rows = _batch(model, batch)
+        widened = x if resolved is None or rows is None else resolved.entry.layout.widened(x, rows)
+        widened.register_hook(on_gradient)
+        return None if widened is x else widened
+
+    listen.widens = True  # its replacement has more rows (the same values): _chain lets it through
+    return listen
+
+
+def _batch(model, batch: int | None) -> int | None:
+    """The run's batch size: given, or the one of the call going on (TransformerLensMixin.__call__ notes it)."""
+    return batch if batch is not None else model.__dict__.get("_call_batch")
+
+
+def _backward_fn(fn, hook, resolved):
+    """A tensor hook calling fn(gradient as the name shows it, hook), its replacement taken back into ours."""
     def on_gradient(grad):
         shown = grad if resolved is None else resolved.entry.layout.show(grad, None)
         replaced = fn(shown, hook)
@@ -297,11 +428,7 @@ def _backward(fn, hook, resolved):
         _check_replacement(getattr(hook, "name", hook), fn, shown, replaced)
         return replaced if resolved is None else resolved.entry.layout.take(replaced, grad)
 
-    def listen(x, _):
-        if x.requires_grad:
-            x.register_hook(on_gradient)
-
-    return listen
+    return on_gradient
 
 
 def _lens_entry(name: str, points: dict, names: dict) -> Resolved:
@@ -322,13 +449,16 @@ def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
         raise ValueError("give names (ours) or names_filter (TransformerLens' way), not both")
     tl_way = names_filter is not None
     names = names_filter if tl_way else names
-    if names is None:
-        return [name for name, point in points.items() if not point.opt_in]
     lens = model.lens_names()
+    if names is None:  # every point but the opt-in ones, unless TL's switch turns one on (set_use_attn_result)
+        switched = {lens[n].source for n in lens if lens[n].source and points[lens[n].source].opt_in
+                    and not isinstance(lens[n].entry, NormStatistic) and model.lens_offers(lens[n], points)}
+        return [name for name, point in points.items() if not point.opt_in or name in switched]
     if callable(names):
         if not tl_way:
             return [n for n in points if names(n)]
-        return list(dict.fromkeys(lens[n].cached_from for n in lens if lens[n].offered and names(n)))
+        return list(dict.fromkeys(lens[n].cached_from for n in lens if model.lens_offers(lens[n], points)
+                                   and names(n)))
     wanted = []
     for name in [names] if isinstance(names, str) else list(names):
         if name in points:
@@ -341,6 +471,24 @@ def names_to_cache(model: HookedModel, names, names_filter=None) -> list[str]:
         else:
             wanted.append(_lens_entry(name, points, lens).source)
     return list(dict.fromkeys(wanted))
+
+
+def lens_chosen(model: HookedModel, names_filter) -> list[str] | None:
+    """The TransformerLens names `names_filter` picks (a TL-style cache is keyed by them; our names in it stand for
+    every TL name of theirs), or None where no filter was given."""
+    if names_filter is None:
+        return None
+    points, lens = model.hook_points(), model.lens_names()
+    if callable(names_filter):
+        return [n for n in lens if model.lens_offers(lens[n], points) and names_filter(n)]
+    chosen = []
+    for name in [names_filter] if isinstance(names_filter, str) else names_filter:
+        if name in lens:
+            chosen.append(name)
+        else:
+            ours = {n for n in points if n == name or "*" in name and glob(name).fullmatch(n)}
+            chosen += [n for n in lens if lens[n].source in ours and model.lens_offers(lens[n], points)]
+    return list(dict.fromkeys(chosen))
 
 
 def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -358,11 +506,13 @@ def _gradients(metric: Callable, output, live: dict[str, torch.Tensor]) -> dict[
             for name, grad in zip(names, grads)}
 
 
-def activation_cache(model: nn.Module, cache: dict[str, torch.Tensor], args, kwargs):
+def activation_cache(model: nn.Module, cache: dict[str, torch.Tensor], args, kwargs,
+                     lens_keys: list[str] | None = None):
     """`cache` as the ActivationCache of `model`'s run on `args`, `kwargs`: it remembers the run's input_ids and
-    attention_mask, found by the forward's own argument names."""
+    attention_mask, found by the forward's own argument names (and the TL names it was asked for, `lens_keys`)."""
     bound = inspect.signature(model.forward).bind_partial(*args, **_forward_arguments(model, kwargs)).arguments
-    return ActivationCache(cache, model, input_ids=bound.get("input_ids"), attention_mask=bound.get("attention_mask"))
+    return ActivationCache(cache, model, input_ids=bound.get("input_ids"), attention_mask=bound.get("attention_mask"),
+                           lens_keys=lens_keys)
 
 
 def _forward_arguments(model, kwargs: dict) -> dict:
@@ -378,7 +528,8 @@ def _chain(name: str, before: list, fns: list[HookFn]):
         for fn in fns:
             replaced = fn(x, name)
             if replaced is not None:
-                _check_replacement(name, fn, x, replaced)
+                if not getattr(fn, "widens", False):
+                    _check_replacement(name, fn, x, replaced)
                 x = replaced
         return x
 

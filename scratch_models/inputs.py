@@ -32,6 +32,41 @@ def check_ids(name: str, ids, limit: int, limit_name: str, shapes: tuple[tuple[i
     check_range(name, ids, limit, limit_name, ignore)
 
 
+def check_tokens(input_ids, inputs_embeds, embeddings: torch.Tensor, vocab: tuple[int, str]) -> tuple[int, int]:
+    """Exactly one of input_ids [b, s] (ids within `vocab`, (size, its name)) and inputs_embeds [b, s, h] (see
+    check_embeds; `embeddings` is the token embedding matrix [V, h]), as transformers takes them: (b, s)."""
+    check_one_of(input_ids, inputs_embeds)
+    if input_ids is not None:
+        check_ids("input_ids", input_ids, *vocab)
+        return tuple(input_ids.shape)
+    return check_embeds(inputs_embeds, embeddings)
+
+
+def check_one_of(input_ids, inputs_embeds) -> None:
+    if (input_ids is None) == (inputs_embeds is None):
+        given = "both were given" if input_ids is not None else "neither was given"
+        raise ValueError(f"give exactly one of input_ids or inputs_embeds ({given}), as transformers takes them")
+
+
+def check_embeds(inputs_embeds, embeddings: torch.Tensor, axes: tuple[str, ...] = ("batch", "seq")) -> tuple:
+    """inputs_embeds [*axes, h]: what the token embedding matrix `embeddings` [V, h] gives for token ids, in its
+    dtype, holding at least one token. Returns the shape of the tokens, [*axes]."""
+    _check_tensor("inputs_embeds", inputs_embeds)
+    width = embeddings.shape[1]
+    wanted = f"[{', '.join(axes)}, {width}]"
+    if not inputs_embeds.is_floating_point():
+        raise ValueError(f"inputs_embeds must be floating point {wanted}, got dtype {inputs_embeds.dtype}")
+    if inputs_embeds.dim() != len(axes) + 1 or inputs_embeds.shape[-1] != width:
+        raise ValueError(f"inputs_embeds must be {wanted} (the width of the token embeddings), got shape "
+                         f"{tuple(inputs_embeds.shape)}")
+    if inputs_embeds.numel() == 0:
+        raise ValueError(f"inputs_embeds is empty (shape {tuple(inputs_embeds.shape)}): give at least one token")
+    if inputs_embeds.dtype != embeddings.dtype:
+        raise ValueError(f"inputs_embeds is {inputs_embeds.dtype} and the model's embeddings are "
+                         f"{embeddings.dtype}: cast it (inputs_embeds.to({embeddings.dtype}))")
+    return tuple(inputs_embeds.shape[:-1])
+
+
 def check_range(name: str, ids: torch.Tensor, limit: int, limit_name: str, ignore: int | None = None):
     """0 <= ids < limit, except entries equal to `ignore`; nothing while a graph is captured."""
     if is_tracing(ids):

@@ -77,7 +77,8 @@ class AttentionCapture:
         are left out of every picture: their rows would be drawn like tokens though they attend to nothing the
         model uses. `positions` records which positions remain.
         """
-        layers = sorted({int(m[1]) for name in cache if (m := re.fullmatch(r"layers\.(\d+)\.attn\.probs", name))})
+        names = cache.hook_names() if hasattr(cache, "hook_names") else cache  # ours, whatever the cache's keys
+        layers = sorted({int(m[1]) for name in names if (m := re.fullmatch(r"layers\.(\d+)\.attn\.probs", name))})
         if not layers:
             raise ValueError("the cache holds no layers.{i}.attn.probs: run_with_cache with names=attention_names")
         missing = [f"layers.{i}.attn.{what}" for i in range(max(layers) + 1) for what in ATTENTION_HOOKS

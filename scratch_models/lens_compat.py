@@ -6,15 +6,21 @@
     model.cfg.n_layers, model.W_U, model.blocks[0].attn.W_Q, model.to_single_token(" Mary")
 
 - A call takes text (a string or a list of strings, padded with an attention mask when their lengths differ) and
-  TL's `return_type`: "logits", "loss" (the next-token cross-entropy), "both", None; ours, "output", is the
-  output object with transformers' field names and the default. `transformer_lens=True` at loading sets the two
-  defaults a TL user expects: `default_return_type = "logits"` and, for a causal family, `default_prepend_bos`.
+  TL's `return_type`: "logits", "loss" (the next-token cross-entropy), "both", None, "predictions" (BERT's MLM
+  and next-sentence heads, in words); ours, "output", is the output object with transformers' field names and the
+  default. `stop_at_layer=l` returns the residual stream block l would read. `transformer_lens=True` at loading
+  (`use_transformer_lens()`) sets what a TL user expects: `default_return_type = "logits"`,
+  `default_prepend_bos` as TL's TransformerBridge sets it for the family, and caches keyed by TL's names.
+- TL's switches `set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`, `set_use_hook_mlp_in`: the
+  hooks they turn on are then seen by TL's filters (scratch_models.hooks, scratch_models.lens_forks).
 - `cfg`: TL's config field names (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab, n_ctx, act_fn, ...).
 - Weights in TL's shapes, views of our parameters where TL's layout allows: W_E [V, h], W_pos [n_ctx, h],
   W_U [h, V], b_U, and per layer stacked W_Q / W_K / W_V [l, n, h, d], W_O [l, n, d, h], b_Q / b_K / b_V [l, n, d],
   b_O [l, h], W_in [l, h, m], W_out [l, m, h], b_in, b_out, a gated MLP's W_gate [l, h, m] and b_gate; per block
   `model.blocks[l].attn.W_Q` [n, h, d], ..., `model.blocks[l].ln1.w`, `model.embed.W_E`, `model.unembed.W_U`,
   `model.ln_final.w`; TL hook names on the same paths are hooks (`model.blocks[3].attn.hook_z.add_hook(fn)`).
+- `tl_parameters()` / `tl_named_parameters()`: every weight under its TL name (what TL's SVDInterpreter reads);
+  `OV` and `QK` (and `blocks[l].attn.OV`, ...) as TL's own FactoredMatrix, when transformer_lens is installed.
 - `to_single_token`, `get_token_position`, `tokens_to_residual_directions`, `loss_fn`.
 
 Which tensor each name means, per family, is the family's table (scratch_models/lens_names.py).
@@ -30,8 +36,12 @@ import torch.nn.functional as F
 from .lens_names import Resolved
 from .outputs import logits_of
 
-RETURN_TYPES = ("output", "logits", "loss", "both", None)
-_CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padding_side", "input"})
+RETURN_TYPES = ("output", "logits", "loss", "both", "predictions", None)
+_CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padding_side", "input", "stop_at_layer"})
+# TransformerLens' switches (set_use_...): each turns hooks on, as TL's cfg fields of the same names say
+LENS_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
+# TL's predictions of BERT's next-sentence head, class 0 and class 1
+NEXT_SENTENCE = ("The sentences are sequential", "The sentences are NOT sequential")
 
 # TL's model-level weight attributes: the table path of a model-wide weight, or the per-block path of one stacked
 # over the layers
@@ -40,10 +50,11 @@ _STACKED_WEIGHTS = {name: f"attn.{name}" for name in ("W_Q", "W_K", "W_V", "W_O"
                    {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_gate", "b_gate", "W_out", "b_out")}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class LensConfig:
     """A model's config in TransformerLens' field names (TL's HookedTransformerConfig / TransformerBridgeConfig);
-    the family's own fields come from its table's `config`."""
+    the family's own fields come from its table's `config`. A snapshot: setting one of TL's switches on it
+    (`cfg.use_attn_result = True`) sets it on the model, as TL's bridge does; any other field is read only."""
 
     n_layers: int
     d_model: int
@@ -73,6 +84,11 @@ class LensConfig:
     n_key_value_heads: int | None = None
     rotary_dim: int | None = None
     rotary_base: float | None = None
+    tokenizer_prepends_bos: bool = False
+    use_attn_result: bool = False
+    use_split_qkv_input: bool = False
+    use_attn_in: bool = False
+    use_hook_mlp_in: bool = False
     # the family's own fields beyond these (Gemma 2's soft caps, its norms' 1 + w), read as attributes too
     extra: dict = dataclasses.field(default_factory=dict)
 
@@ -81,6 +97,18 @@ class LensConfig:
         if name in extra:
             return extra[name]
         raise AttributeError(f"TransformerLens' cfg.{name} is not a field of this model's config")
+
+    def __setattr__(self, name: str, value) -> None:
+        model = self.__dict__.get("_model")
+        if model is None:  # being built
+            super().__setattr__(name, value)
+        elif name in LENS_FLAGS:
+            getattr(model, f"set_{name}")(value)
+            super().__setattr__(name, bool(value))
+        else:
+            raise AttributeError(f"cfg.{name} is read only: cfg is TransformerLens' view of model.config (the "
+                                 "switches use_attn_result, use_split_qkv_input, use_attn_in and use_hook_mlp_in "
+                                 "may be set)")
 
 
 class LensUnavailable(AttributeError):
@@ -106,19 +134,73 @@ class TransformerLensMixin:
 
     # what a call returns when it does not say (return_type): "output" (ours) or TL's "logits"
     default_return_type = "output"
-    # whether text gets a BOS token in front when a call does not say (prepend_bos); TL prepends one to GPT-2's
-    default_prepend_bos = False
+    # whether text starts with a BOS token when a call does not say (prepend_bos): None leaves the tokenizer's
+    # template as it is (transformers' way); True / False as TL's (see scratch_models.tokenizer)
+    default_prepend_bos = None
+    # caches keyed by TransformerLens' names and hook_dict in them (use_transformer_lens)
+    transformer_lens = False
+
+    def use_transformer_lens(self) -> None:
+        """TransformerLens' conventions as this model's defaults (what from_pretrained(transformer_lens=True)
+        calls): a call returns the logits (a base model, which has none, its output), text gets a BOS token as
+        TL's TransformerBridge gives the family one (LensTable.prepend_bos), caches and hook_dict use TL's names."""
+        table = self.lens_table()
+        self.default_return_type = "output" if type(self) is self.family.base else "logits"
+        self.default_prepend_bos = table.prepend_bos
+        self.transformer_lens = True
+
+    # ---- TransformerLens' switches --------------------------------------------------------------------------------
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """TL's switch: each head's output `hook_result` [b, s, n, h] (our opt-in `attn.result`) is then cached and
+        seen by TL's filters, forwards and backwards (named explicitly, it is offered either way)."""
+        self._set_lens_flag("use_attn_result", use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """TL's switch: `blocks.{l}.hook_q_input`, `hook_k_input`, `hook_v_input` [b, s, n, h], a copy of the
+        stream per head feeding only that head's queries, keys or values (scratch_models.lens_forks). Not with
+        use_attn_in."""
+        if use_split_qkv_input and self.lens_flag("use_attn_in"):
+            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive (as in TransformerLens): "
+                             "call set_use_attn_in(False) first")
+        self._set_lens_flag("use_split_qkv_input", use_split_qkv_input)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """TL's switch: `blocks.{l}.hook_attn_in` [b, s, n, h], one copy of the stream per head feeding that head's
+        queries, keys and values. Not with use_split_qkv_input."""
+        if use_attn_in and self.lens_flag("use_split_qkv_input"):
+            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive (as in TransformerLens): "
+                             "call set_use_split_qkv_input(False) first")
+        self._set_lens_flag("use_attn_in", use_attn_in)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """TL's switch: `blocks.{l}.hook_mlp_in` [b, s, h], a copy of the stream the MLP reads (before ln2) feeding
+        the MLP only. (BERT's table names its own hook_mlp_in, the MLP's input, offered either way.)"""
+        self._set_lens_flag("use_hook_mlp_in", use_hook_mlp_in)
+
+    def _set_lens_flag(self, flag: str, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"set_{flag} takes True or False, got {value!r}")
+        self.__dict__.setdefault("_lens_flags", {})[flag] = value
 
     # ---- calls ----------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
         if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs):
+            # hooks added TL's way may show a tensor with a row per sequence where ours holds one for all
+            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_added_hooks") else None
             return super().__call__(*args, **kwargs)
         return_type = kwargs.pop("return_type", self.default_return_type)
         per_token = kwargs.pop("loss_per_token", False)
+        stop_at_layer = kwargs.pop("stop_at_layer", None)
         if return_type not in RETURN_TYPES:
             raise ValueError(f"return_type must be one of {', '.join(map(repr, RETURN_TYPES))}, got {return_type!r}")
         args, kwargs = self.call_inputs(args, kwargs)
+        self.__dict__["_call_batch"] = self.batch_size(args, kwargs)
+        if stop_at_layer is not None:
+            return self._stopped(stop_at_layer, args, kwargs)
+        if return_type == "predictions":
+            self._predicts()
         output = super().__call__(*args, **kwargs)
         if return_type in ("output", None):
             return output if return_type else None
@@ -126,8 +208,55 @@ class TransformerLensMixin:
         if return_type == "logits":
             return logits
         arguments = inspect.signature(self.forward).bind(*args, **kwargs).arguments
+        if return_type == "predictions":
+            return self._predictions(logits, arguments["input_ids"])
         loss = self.loss_fn(logits, arguments["input_ids"], arguments.get("attention_mask"), per_token=per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def _stopped(self, layer: int, args: tuple, kwargs: dict) -> torch.Tensor:
+        """TL's stop_at_layer: the forward pass run until the residual stream block `layer` reads (negative:
+        counted from the end; the number of layers: the last block's output), which is returned [b, s, h]."""
+        stream = self.family.stream(self)
+        n = stream.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer <= n:
+            raise ValueError(f"stop_at_layer must be an int in -{n}..{n}, got {layer!r}")
+        point = stream.resid_pre(layer % n if layer < 0 else layer)
+
+        def stop(x, _):
+            raise _Stopped(x)
+
+        try:
+            with self._attached([(point, stop)]):
+                super().__call__(*args, **kwargs)
+        except _Stopped as stopped:
+            return stopped.tensor
+        raise RuntimeError(f"the forward pass never reached {point}, where stop_at_layer={layer} stops")
+
+    def _predicts(self) -> str:
+        """What return_type="predictions" reads here: "next_sentence" or "mlm" (a ValueError for any other head)."""
+        name = type(self).__name__
+        if self.family.classifiers.get(name) == "next_sentence":
+            return "next_sentence"
+        if self.family.targets.get(name) != "mlm":
+            raise ValueError(f"return_type='predictions' reads a masked-LM or next-sentence head (TransformerLens' "
+                             f"BERT); {name} has neither: use return_type='logits'")
+        return "mlm"
+
+    def _predictions(self, logits: torch.Tensor, input_ids: torch.Tensor):
+        """TL's return_type="predictions" (TransformerBridge's words): for a next-sentence head, whether the
+        sentences are sequential; for a masked-LM head, the likeliest token at each [MASK], decoded together (one
+        string, or "Prediction i: token" per masked position when they decode to several words)."""
+        tokenizer = self._tokenizer()
+        if self._predicts() == "next_sentence":
+            return NEXT_SENTENCE[int(logits.log_softmax(dim=-1).argmax(dim=-1).item())]
+        if tokenizer.mask_token_id is None:
+            raise ValueError(f"return_type='predictions' decodes the [MASK] positions, and {tokenizer.source}'s "
+                             "tokenizer names no mask token")
+        masked = logits[input_ids.to(logits.device) == tokenizer.mask_token_id]
+        if masked.shape[0] == 0:
+            raise ValueError("return_type='predictions': the input holds no [MASK] token to predict")
+        words = tokenizer.decode(masked.log_softmax(dim=-1).argmax(dim=-1))
+        return [f"Prediction {i}: {word}" for i, word in enumerate(words.split(" "))] if " " in words else words
 
     def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Text given in place of input_ids (positionally, as `input_ids` or as TL's `input`) turned into token ids
@@ -147,7 +276,7 @@ class TransformerLensMixin:
             raise ValueError("text comes alone: the tokenizer makes its attention_mask; pass other arguments by name")
         text = args[0] if args else kwargs.pop("input_ids")
         batch = self._tokenizer()(text, prepend_bos=self.default_prepend_bos if prepend_bos is None else prepend_bos,
-                                  padding_side=padding_side or "right", device=self._device())
+                                  padding_side=padding_side, device=self._device())
         for name in ("attention_mask", "token_type_ids"):
             if name in kwargs and name in batch:
                 raise ValueError(f"{name} is made by the tokenizer from the text: give token ids to pass your own")
@@ -222,13 +351,22 @@ class TransformerLensMixin:
         """This model's config in TransformerLens' field names (a snapshot; our own is `config`)."""
         family, parameter = self.family, next(self.parameters())
         own = self.lens_table().config(self.config)
+        try:
+            template_bos = self.tokenizer is not None and self.tokenizer.prepends_bos
+        except ValueError:  # a checkpoint without tokenizer files: no template adds anything
+            template_bos = False
+        default_bos = template_bos if self.default_prepend_bos is None else self.default_prepend_bos
         fields = {field.name for field in dataclasses.fields(LensConfig)}
-        return LensConfig(**{"d_vocab_out": own["d_vocab"], "original_architecture": type(self).__name__,
-                             "model_name": str(getattr(self.tokenizer, "source", "")), "device": parameter.device,
-                             "dtype": parameter.dtype, "default_prepend_bos": self.default_prepend_bos,
-                             "attention_dir": "causal" if family.causal else "bidirectional"}
-                          | {name: value for name, value in own.items() if name in fields},
-                          extra={name: value for name, value in own.items() if name not in fields})
+        config = LensConfig(**{"d_vocab_out": own["d_vocab"], "original_architecture": type(self).__name__,
+                               "model_name": str(getattr(self.tokenizer, "source", "")), "device": parameter.device,
+                               "dtype": parameter.dtype, "default_prepend_bos": default_bos,
+                               "tokenizer_prepends_bos": template_bos,
+                               "attention_dir": "causal" if family.causal else "bidirectional",
+                               **{flag: self.lens_flag(flag) for flag in LENS_FLAGS}}
+                            | {name: value for name, value in own.items() if name in fields},
+                            extra={name: value for name, value in own.items() if name not in fields})
+        object.__setattr__(config, "_model", self)
+        return config
 
     @property
     def blocks(self) -> "LensBlocks":
@@ -240,6 +378,27 @@ class TransformerLensMixin:
     unembed = property(lambda self: LensView(self, "unembed"), doc="TL's unembed: `model.unembed.W_U`, `.b_U`")
     ln_final = property(lambda self: LensView(self, "ln_final"), doc="TL's final LayerNorm: `model.ln_final.w`")
 
+    def tl_parameters(self) -> dict[str, torch.Tensor]:
+        """Every weight under its TransformerLens name (`blocks.3.attn.W_V`: [n, h, d], views of ours where TL's
+        layout allows), as TransformerBridge's tl_parameters; one this model cannot give (BERT's W_U without its
+        MLM head) is left out."""
+        return dict(self.tl_named_parameters())
+
+    def tl_named_parameters(self):
+        """(TL name, weight) pairs, layer by layer (see tl_parameters)."""
+        layers = range(len(self.layers))
+        for template in self.lens_table().weights:
+            for path in ([template.format(i=layer) for layer in layers] if "{i}" in template else [template]):
+                try:
+                    yield path, self.lens_attribute(path)
+                except LensUnavailable:
+                    continue
+
+    OV = property(lambda self: _factored(self.W_V, self.W_O, "OV"),
+                  doc="TL's FactoredMatrix W_V @ W_O per layer and head: [layers, n, h, h]")
+    QK = property(lambda self: _factored(self.W_Q, self.W_K.transpose(-2, -1), "QK"),
+                  doc="TL's FactoredMatrix W_Q @ W_K^T per layer and head: [layers, n, h, h]")
+
     def lens_attribute(self, path: str):
         """What TransformerLens' `path` is on this model: a weight (`blocks.3.attn.W_Q`), a hook (`blocks.3.attn.
         hook_z`, with add_hook), or a part holding more (`blocks.3.attn`)."""
@@ -247,6 +406,11 @@ class TransformerLensMixin:
 
         weights = self.lens_table().weights
         template = re.sub(r"^blocks\.\d+\.", "blocks.{i}.", path)
+        if template in ("blocks.{i}.attn.OV", "blocks.{i}.attn.QK"):
+            attn = path.rsplit(".", 1)[0]
+            get = lambda name: self.lens_attribute(f"{attn}.{name}")  # noqa: E731
+            return (_factored(get("W_V"), get("W_O"), path) if path.endswith("OV")
+                    else _factored(get("W_Q"), get("W_K").transpose(-2, -1), path))
         if template in weights:
             layer = int(path.split(".")[1]) if template != path else None
             try:
@@ -276,6 +440,25 @@ class TransformerLensMixin:
 
     def _stacked(self, path: str) -> torch.Tensor:
         return torch.stack([self.lens_attribute(f"blocks.{layer}.{path}") for layer in range(len(self.layers))])
+
+
+class _Stopped(Exception):
+    """Raised at the hook point where stop_at_layer ends the forward pass, carrying the tensor there."""
+
+    def __init__(self, tensor: torch.Tensor):
+        super().__init__("stop_at_layer")
+        self.tensor = tensor
+
+
+def _factored(left: torch.Tensor, right: torch.Tensor, what: str):
+    """TransformerLens' own FactoredMatrix(left, right), or the reason it cannot be had."""
+    try:
+        from transformer_lens import FactoredMatrix
+    except ImportError:
+        raise LensUnavailable(f"TransformerLens' {what} is its FactoredMatrix class, and transformer_lens is not "
+                              "installed (pip install transformer-lens); the two factors are model.W_V and model.W_O "
+                              "(QK: model.W_Q and model.W_K transposed)") from None
+    return FactoredMatrix(left, right)
 
 
 def _model_weight(path: str):

@@ -20,8 +20,8 @@ each TL hook name to the tensor of ours that holds the same values and the layou
 (`blocks.{i}.attn.W_Q` [n, h, d], `unembed.W_U` [h, V], ...) to functions of the model and the layer, and its
 `config` gives TL's config fields. Nothing here imports transformer_lens; TL's names and shapes are facts.
 
-`act_name` is TL's `utils.get_act_name` grammar ("pattern", 0, "attn" -> "blocks.0.attn.hook_pattern"), which
-`cache[name, layer, kind]` keys use.
+`get_act_name` is TL's `utils.get_act_name`, under its name (exported as scratch_models.get_act_name): ("pattern",
+0, "attn") -> "blocks.0.attn.hook_pattern", the grammar `cache[name, layer, kind]` keys use.
 """
 
 import dataclasses
@@ -38,7 +38,7 @@ _ATTENTION = ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_s
 _MLP = ("pre", "post", "mid", "pre_linear")
 
 
-def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
     """TL's full hook name for a shorthand, as TL's `utils.get_act_name` builds it: ("resid_pre", 3) ->
     "blocks.3.hook_resid_pre", ("z", 3, "attn") -> "blocks.3.attn.hook_z", ("attn", 0) -> the pattern,
     ("embed") -> "hook_embed", ("scale") -> "ln_final.hook_scale", "k6" -> "blocks.6.attn.hook_k". A full name
@@ -78,6 +78,10 @@ class Layout:
         """`y` (TL's layout, edited) as our tensor `x` is laid out."""
         return y
 
+    def widened(self, x: torch.Tensor, batch: int) -> torch.Tensor:
+        """Ours with as many rows as TL's, for a gradient per row (the same values)."""
+        return x
+
 
 class _Heads(Layout):
     note = "heads and positions swapped: ours [.., n, s, d], TL's [.., s, n, d]"
@@ -105,6 +109,9 @@ class _Batch(Layout):
 
     def show(self, x, batch):
         return x.expand(batch, *x.shape[1:]) if batch is not None and x.shape[0] == 1 else x
+
+    def widened(self, x, batch):
+        return x.expand(batch, *x.shape[1:]) if x.shape[0] == 1 and batch > 1 else x
 
     def take(self, y, x):
         if y.shape[0] == x.shape[0]:
@@ -226,12 +233,15 @@ class LensTable:
     path (`blocks.{i}.attn.W_Q`, `unembed.W_U`) -> fn(model, layer) giving the tensor in TL's shape, a view of our
     parameter where one exists. `config`: fn(our config) -> TL's config fields that are the family's own
     (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab, n_ctx, act_fn, eps, ...). `summary`: how TL's names read
-    on this family, for docs/hook_names.md."""
+    on this family, for docs/hook_names.md. `prepend_bos`: TL's default for text (see the field)."""
 
     hooks: dict[str, Entry]
     weights: dict[str, Weight]
     config: Callable[[object], dict]
     summary: str = ""
+    # TransformerBridge's cfg.default_prepend_bos for the family: whether text gets a BOS token by default (its
+    # framework default, True, unless the family's adapter says otherwise)
+    prepend_bos: bool = True
 
 
 # ---- a model's names ---------------------------------------------------------------------------------------------
@@ -250,12 +260,6 @@ class Resolved:
     stream: str | None = None  # a NormStatistic's: the stream its norm reads, from which a cache computes it
 
     @property
-    def offered(self) -> bool:
-        """Whether TL offers the name to a predicate (names_filter, hooks by a function): all but the opt-in points
-        TL makes opt-in too (hook_result); its norms' hook_scale and hook_normalized are always there."""
-        return self.source is not None and (not self.opt_in or isinstance(self.entry, NormStatistic))
-
-    @property
     def cached_from(self) -> str | None:
         """What a cache must hold to show this name: the point, or for a norm statistic the stream it is computed
         from (so a predicate caching TL's names costs no explicit norm)."""
@@ -263,6 +267,8 @@ class Resolved:
 
     def show(self, x: torch.Tensor, model, batch: int | None) -> torch.Tensor:
         """Our `source` tensor as TL's."""
+        if hasattr(self.entry, "shown"):  # a copy made another way (scratch_models.lens_forks)
+            return self.entry.shown(x, model, self.layer)
         return self.entry.layout.show(x, batch)
 
     def read(self, tensors: dict, model, batch: int | None) -> torch.Tensor:
@@ -298,6 +304,9 @@ def lens_names(model) -> dict[str, Resolved]:
                     found = Missing(f"it is our {source}, which {type(model).__name__} has not")
                     source = read = None
             resolved[name] = Resolved(name, found, source, layer, source is not None and points[source].opt_in, read)
+    from .lens_forks import forks  # TL's switched-on copies of the stream (set_use_split_qkv_input, ...)
+
+    resolved |= forks(model, stream, resolved)
     order = {name: i for i, name in enumerate(points)}
     # a stream between layers is read by two: layer l's resid_post before layer l + 1's resid_pre
     return dict(sorted(resolved.items(), key=lambda item: (order.get(item[1].source, len(order)),

@@ -10,8 +10,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .dictionaries.splice import DictionaryMixin
+from .generation import GenerationConfig, GenerationMixin
 from .hooks import HookedModel
-from .inputs import check_values
+from .inputs import check_tokens, check_values
 from .lens_compat import TransformerLensMixin
 from .tokenizer import Tokenizer
 
@@ -21,7 +23,7 @@ logger = logging.getLogger("scratch_models")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
-class PretrainedModel(TransformerLensMixin, HookedModel):
+class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
     config_class = None  # the model family's config dataclass
     mapping_table = None  # the family's weight_mapping table
     family = None  # the family's declaration (scratch_models.family.Family), set when the family declares itself
@@ -50,6 +52,11 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         field = self.table_indices[argument]
         return getattr(self.config, field), field
 
+    def check_tokens(self, input_ids, inputs_embeds) -> tuple[int, int]:
+        """(b, s) of exactly one of input_ids [b, s] and inputs_embeds [b, s, h], each checked (inputs.check_tokens):
+        the tokens a forward pass reads, as ids or as their embeddings."""
+        return check_tokens(input_ids, inputs_embeds, self.get_input_embeddings().weight, self.table_size("input_ids"))
+
     def check_input_values(self, *args, **kwargs) -> None:
         """Check the values of a forward call's arguments as its forward pass does (every id within the table it
         indexes, the attention mask 1 and 0): the checks a compiled graph cannot make, as they branch on values.
@@ -64,17 +71,19 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
 
     @classmethod
     def from_pretrained(cls, name_or_path, *, config=None, dtype: torch.dtype | str | None = None, device=None,
-                        transformer_lens: bool = False, **model_kwargs):
+                        transformer_lens: bool = False, revision: str | None = None, **model_kwargs):
         """Load a checkpoint: a hub id, a local directory, a weights file or a sharded index, or a
-        weight_mapping.Checkpoint already open (so that one command opens its checkpoint once).
+        weight_mapping.Checkpoint already open (so that one command opens its checkpoint once). `revision`: a
+        hub id's branch, tag or commit (Pythia's training checkpoints are branches: "step3000"), as transformers'
+        `revision=`; refused for anything but a hub id.
 
         `config`: the checkpoint's config (`cls.config_class`) where the caller has parsed it already, as
         transformers' `config=`; by default config.json is read (see Family.config_of).
 
         `dtype`: cast floating-point weights while reading (default: as stored). `device`: where the weights go.
         `transformer_lens`: calls default to TransformerLens' conventions (a model with a head returns its logits,
-        and a causal model's text gets a BOS token in front), so TL code runs with only its loading line changed;
-        see scratch_models/lens_compat.py.
+        text gets a BOS token in front where TL's TransformerBridge gives the family one, and caches answer in TL's
+        names), so TL code runs with only its loading line changed; see scratch_models/lens_compat.py.
         `model_kwargs` go to the constructor; unset ones may be chosen to fit the checkpoint (see
         `kwargs_for_checkpoint`). Raises CheckpointError / ConfigError naming the culprit; no partly loaded
         model is ever returned. The model comes back in eval mode; `model.loading_info` tells what was loaded
@@ -85,10 +94,20 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
         (with a warning), and so do we: the model is built untied, its `config.tie_word_embeddings` is False (and
         is saved so), and `loading_info.notes` says why.
         """
-        from weight_mapping import Checkpoint, check_layer_count, load_state, open_checkpoint, tied_twins
+        from weight_mapping import Checkpoint, NotCached, check_layer_count, load_state, open_checkpoint, tied_twins
+
+        from .families import offline_advice
 
         table = cls.mapping_table
-        checkpoint = name_or_path if isinstance(name_or_path, Checkpoint) else open_checkpoint(name_or_path)
+        if isinstance(name_or_path, Checkpoint):
+            if revision is not None:
+                raise ValueError("revision= chooses what to open; this checkpoint is open already")
+            checkpoint = name_or_path
+        else:
+            try:
+                checkpoint = open_checkpoint(name_or_path, revision=revision)
+            except NotCached as e:  # the class knows the family: say what works for it offline
+                raise e.advised(offline_advice(cls.family)) from None
         if config is None:
             config = cls.family.config_of(checkpoint)
         elif not isinstance(config, cls.config_class):
@@ -103,15 +122,16 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(table, checkpoint, expected, getattr(config, table.layers_field),
-                                 model_name=cls.__name__, tied=tied, twins=twins, dtype=as_dtype(dtype),
-                                 device=device)
+                                 model_name=cls.__name__, tied=tied, twins=twins, base_names=lambda: _names_in(
+                                     cls.family.base, config), dtype=as_dtype(dtype), device=device)
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
-        # the checkpoint's own tokenizer, whose files are read on first use
+        # the checkpoint's own tokenizer, whose files are read on first use, and generate's defaults
         model.tokenizer = Tokenizer(checkpoint, token_type_ids=cls.family.pairs)
-        if transformer_lens:  # a base model has no logits to return: its output, as without
-            model.default_return_type = "output" if cls is cls.family.base else "logits"
-            model.default_prepend_bos = cls.family.causal
+        if isinstance(model, GenerationMixin):
+            model.generation_config = GenerationConfig.of_checkpoint(checkpoint, config)
+        if transformer_lens:
+            model.use_transformer_lens()
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, checkpoint.source, info.summary())
         return model.eval()
 
@@ -152,39 +172,45 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
     # ---- text in and out, with the checkpoint's own tokenizer (TransformerLens' names) ----
 
     def to_tokens(self, text: str | list[str], pair: str | list[str] | None = None, *,
-                  prepend_bos: bool | None = None) -> torch.Tensor:
-        """[b, s] token ids of a text (or texts of equal token counts; sentence pairs with `pair`), on the model's
-        device, with the special tokens the checkpoint's tokenizer adds ([CLS] ... [SEP] for BERT; none for GPT-2
-        unless `prepend_bos`, as transformers; None: `model.default_prepend_bos`, which transformer_lens=True sets
-        as TransformerLens prepends BOS). Texts of different lengths need an attention mask: use
-        `model.tokenizer(texts)`, which returns one."""
-        batch = self._tokenizer()(text, pair, prepend_bos=self._prepend_bos(prepend_bos), device=self._device())
-        if not bool(batch["attention_mask"].all()):
-            raise ValueError("these texts have different token counts, so a batch of them is padded and needs its "
-                             "attention_mask: use model.tokenizer(texts) (input_ids, attention_mask, ...) instead")
+                  prepend_bos: bool | None = None, padding_side: str | None = None,
+                  move_to_device: bool = True) -> torch.Tensor:
+        """[b, s] token ids of a text or texts (sentence pairs with `pair`), on the model's device unless not
+        `move_to_device`, with the special tokens the checkpoint's tokenizer adds ([CLS] ... [SEP] for BERT; none
+        for GPT-2), BOS first or not as `prepend_bos` says (None: `model.default_prepend_bos`; see
+        scratch_models.tokenizer). Texts of different lengths are padded on `padding_side` (default the
+        tokenizer's, "right"), as TransformerLens pads them: the ids alone do not say where the padding is, so a
+        forward pass over them should get the attention mask `model.tokenizer(texts)` returns."""
+        batch = self._tokenizer()(text, pair, prepend_bos=self._prepend_bos(prepend_bos), padding_side=padding_side,
+                                  device=self._device() if move_to_device else None)
         return batch["input_ids"]
 
-    def to_str_tokens(self, text_or_ids, *, prepend_bos: bool | None = None) -> list[str] | list[list[str]]:
+    def to_str_tokens(self, text_or_ids, *, prepend_bos: bool | None = None,
+                      padding_side: str | None = None) -> list[str] | list[list[str]]:
         """Each token of a text (as `to_tokens` would give it), or of a sequence of ids, as a string; a list per
-        row for ids [b, s] with b > 1."""
+        text for a list of texts, and per row for ids [b, s] with b > 1. (`padding_side` is TransformerLens'
+        argument: each text is tokenized alone, so nothing is padded.)"""
         tokenizer = self._tokenizer()
         if isinstance(text_or_ids, str):
             return tokenizer.str_tokens(tokenizer.encode(text_or_ids, prepend_bos=self._prepend_bos(prepend_bos)))
-        if isinstance(text_or_ids, torch.Tensor) and text_or_ids.dim() == 2 and text_or_ids.shape[0] > 1:
-            return [tokenizer.str_tokens(row) for row in text_or_ids]
-        return tokenizer.str_tokens(text_or_ids)
+        if isinstance(text_or_ids, (list, tuple)) and text_or_ids and all(isinstance(t, str) for t in text_or_ids):
+            return [self.to_str_tokens(text, prepend_bos=prepend_bos) for text in text_or_ids]
+        ids = torch.as_tensor(text_or_ids)
+        if ids.dim() == 2 and ids.shape[0] > 1:
+            return [tokenizer.str_tokens(row) for row in ids]
+        return tokenizer.str_tokens(ids.reshape(-1) if ids.dim() == 0 else ids)
 
     def to_string(self, ids) -> str | list[str]:
-        """The text of one id, or of a sequence of ids ([s] or [1, s]), or a list of texts for [b, s]; special
-        tokens kept."""
+        """The text of one id or of a sequence of ids [s]; a list of texts, one per row, for ids [b, s] (a batch of
+        one included, as TransformerLens); special tokens kept."""
         tokenizer = self._tokenizer()
-        if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] > 1:
-            return [tokenizer.decode(row) for row in ids]
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2 or (
+                isinstance(ids, (list, tuple)) and ids and all(isinstance(row, (list, tuple)) for row in ids)):
+            return tokenizer.batch_decode(ids)
         if isinstance(ids, int) or isinstance(ids, torch.Tensor) and ids.dim() == 0:
             ids = [int(ids)]
         return tokenizer.decode(ids)
 
-    def _prepend_bos(self, prepend_bos: bool | None) -> bool:
+    def _prepend_bos(self, prepend_bos: bool | None) -> bool | None:
         return self.default_prepend_bos if prepend_bos is None else prepend_bos
 
     def _tokenizer(self):
@@ -195,6 +221,12 @@ class PretrainedModel(TransformerLensMixin, HookedModel):
 
     def _device(self) -> torch.device:
         return next(self.parameters()).device
+
+
+def _names_in(cls: type, config) -> list[str]:
+    """The tensor names of `cls` built from `config` (on the meta device: no memory, no init)."""
+    with torch.device("meta"), _SkipInit():
+        return list(cls(config).state_dict())
 
 
 class _SkipInit(TorchFunctionMode):

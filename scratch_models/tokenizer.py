@@ -10,14 +10,18 @@ token types are transformers' (tested on all-MiniLM-L6-v2 and on a GPT-2 byte-le
 and padding settings are switched off, as transformers' tokenizer call leaves them off unless asked
 (all-MiniLM-L6-v2's file would cut every text at 128 tokens and pad it to 128).
 
-GPT-2: no BOS is added by default, as transformers' GPT-2 tokenizer adds none (TransformerLens' to_tokens prepends
-one); `prepend_bos=True` adds it. Gemma's and Llama's templates add a BOS themselves: `prepend_bos=True` adds no
-second one. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
+`prepend_bos` has TransformerLens' meaning: None (the default) leaves the template's tokens as they are (transformers'
+GPT-2 tokenizer adds no BOS, BERT's adds [CLS]); True makes each sequence start with the BOS token, adding it unless the
+template already puts a BOS (or [CLS]) first (`prepends_bos`); False makes none start with it, dropping the one the
+template puts first. It also answers what TransformerLens code asks of a transformers tokenizer: `bos_token_id`,
+`pad_token_id`, `mask_token_id` ..., `padding_side`, `batch_decode`, and `__call__(..., return_tensors="pt",
+padding=True)`. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
 NoTokenizerJson (a ValueError) that says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline
 built elsewhere (the command line builds one from such files with transformers' converters).
 """
 
 import json
+import threading
 from pathlib import Path
 
 import torch
@@ -25,6 +29,7 @@ import torch
 from weight_mapping import TOKENIZER_FILES, Checkpoint, open_checkpoint
 
 SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+_TRUNCATING = threading.Lock()  # held while a call truncates with a tokenizer's truncating copy
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
 
 
@@ -43,7 +48,8 @@ class Tokenizer:
 
     def __init__(self, name_or_path, *, token_type_ids: bool | None = None):
         self._token_type_ids = token_type_ids
-        self._loaded = None  # (backend, special_ids, token_type_ids) once read
+        self._loaded = None  # (backend, special_ids, token_type_ids, padding_side) once read
+        self._padding_side = None  # set, or else tokenizer_config.json's (transformers' default "right")
         if isinstance(name_or_path, Checkpoint):
             # the directory and config.json's contents only: the open weight files stay with the checkpoint
             self.source, self._opened = name_or_path.source, (name_or_path.directory, name_or_path.config_json)
@@ -74,7 +80,7 @@ class Tokenizer:
         backend.no_truncation()
         backend.no_padding()
         tokenizer = cls(source, token_type_ids=token_type_ids)
-        tokenizer._loaded = (backend, dict(special_ids), token_type_ids)
+        tokenizer._loaded = (backend, dict(special_ids), token_type_ids, "right")
         return tokenizer
 
     @property
@@ -90,6 +96,7 @@ class Tokenizer:
         return self._load()[2]
 
     def _load(self):
+        """(backend, special_ids, token_type_ids, padding_side), read once."""
         if self._loaded is None:  # two threads may both read the files; either result is the same
             directory, config_json = self._opened or (_directory(self.source), None)
             self._loaded = _read(directory, self._token_type_ids, config_json, self.source)
@@ -109,28 +116,83 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Every id the tokenizer can produce, added tokens included."""
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        """Every id the tokenizer can produce, added tokens included (counted once: the tokenizers library counts
+        them one by one, 36 ms for GPT-2's vocabulary padded with 48k added tokens, and every decode checks ids
+        against it)."""
+        if self.__dict__.get("_vocab_size") is None:
+            self._vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+        return self._vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    # transformers' names for the special tokens (None where the checkpoint names none): what TL code asks
+    bos_token_id = property(lambda self: self.special_ids.get("bos"))
+    eos_token_id = property(lambda self: self.special_ids.get("eos"))
+    pad_token_id = property(lambda self: self.special_ids.get("pad"))
+    unk_token_id = property(lambda self: self.special_ids.get("unk"))
+    sep_token_id = property(lambda self: self.special_ids.get("sep"))
+    cls_token_id = property(lambda self: self.special_ids.get("cls"))
+    mask_token_id = property(lambda self: self.special_ids.get("mask"))
+    bos_token = property(lambda self: self.special_tokens.get("bos"))
+    eos_token = property(lambda self: self.special_tokens.get("eos"))
+    pad_token = property(lambda self: self.special_tokens.get("pad"))
+    unk_token = property(lambda self: self.special_tokens.get("unk"))
+    sep_token = property(lambda self: self.special_tokens.get("sep"))
+    cls_token = property(lambda self: self.special_tokens.get("cls"))
+    mask_token = property(lambda self: self.special_tokens.get("mask"))
+
+    @property
+    def padding_side(self) -> str:
+        """Where `__call__` pads when not told: tokenizer_config.json's padding_side (transformers' default
+        "right"), or what was assigned, as on a transformers tokenizer."""
+        return self._padding_side or self._load()[3]
+
+    @padding_side.setter
+    def padding_side(self, side: str) -> None:
+        self._padding_side = _side(side)
+
+    @property
+    def prepends_bos(self) -> bool:
+        """Whether the template puts a BOS token (or BERT's [CLS]) first, as TransformerLens detects it: the
+        first id of a one-letter text, when there is more than one, is the bos or cls token."""
+        if self.__dict__.get("_prepends") is None:
+            ids = self.backend.encode("a").ids
+            leading = {self.special_ids.get("bos"), self.special_ids.get("cls")} - {None}
+            self._prepends = len(ids) > 1 and ids[0] in leading
+        return self._prepends
 
     def encode(self, text: str, pair: str | None = None, *, add_special_tokens: bool = True,
-               prepend_bos: bool = False) -> list[int]:
-        """The ids of one text (or sentence pair), special tokens as the checkpoint's template adds them."""
+               prepend_bos: bool | None = None) -> list[int]:
+        """The ids of one text (or sentence pair), special tokens as the checkpoint's template adds them;
+        `prepend_bos` as in the module's doc."""
         ids = self.backend.encode(text, _one_pair(pair), add_special_tokens=add_special_tokens).ids
-        return self._bos_prefix(prepend_bos, add_special_tokens) + ids
+        return self._with_bos(ids, prepend_bos, add_special_tokens)[0]
 
     def sequence_ids(self, text: str, pair: str | None = None) -> list[int | None]:
         """For each token of `encode(text, pair)`: 0 for the text's tokens, 1 for the pair's, None for the special
         tokens the template adds (transformers' BatchEncoding.sequence_ids)."""
         return self.backend.encode(text, _one_pair(pair)).sequence_ids
 
-    def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str = "right",
-                 prepend_bos: bool = False, add_special_tokens: bool = True, device=None) -> dict[str, torch.Tensor]:
+    def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str | None = None,
+                 prepend_bos: bool | None = None, add_special_tokens: bool = True, device=None,
+                 return_tensors: str = "pt", padding: bool | str = True, truncation: bool = False,
+                 max_length: int | None = None) -> "Encoding":
         """A batch as model inputs: input_ids and attention_mask [b, s] (and token_type_ids for BERT), padded on
-        `padding_side` ("right", transformers' default, or "left", which GPT-2's generate needs). One text gives a
-        batch of one. Padding uses the pad token, else (GPT-2, which has none) the end-of-text token: the mask
-        marks it either way."""
-        if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        `padding_side` (default `self.padding_side`: "right", transformers' default, or "left", which generate
+        needs). One text gives a batch of one. Padding uses the pad token, else (GPT-2, which has none) the
+        end-of-text token: the mask marks it either way. `prepend_bos` as in the module's doc.
+
+        transformers' arguments, as TransformerLens passes them: `return_tensors` "pt" only (tensors are what this
+        returns); `padding` True / "longest" (the default here) or "max_length" (to `max_length`), False /
+        "do_not_pad" refusing texts of different lengths; `truncation` cuts each sequence to `max_length` tokens,
+        the template's special tokens kept."""
+        if return_tensors != "pt":
+            raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer returns torch tensors only ('pt')")
+        padding_side = self.padding_side if padding_side is None else _side(padding_side)
+        pad_to = _padding(padding, max_length)
+        if truncation and max_length is None:
+            raise ValueError("truncation=True needs max_length (the longest sequence to keep)")
         if isinstance(text, str) and isinstance(pair, str):
             pair = _one_pair(pair)
         texts = [text] if isinstance(text, str) else list(text)
@@ -140,10 +202,23 @@ class Tokenizer:
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair per text")
         inputs = texts if pairs is None else list(zip(texts, pairs))
-        encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        bos = self._bos_prefix(prepend_bos, add_special_tokens)
-        rows = [(bos + e.ids, [0] * len(bos) + e.type_ids) for e in encodings]
+        if truncation:
+            with _TRUNCATING:  # a copy of the pipeline of its own, so no other call is cut meanwhile
+                truncator = self.__dict__.get("_truncator")
+                if truncator is None:
+                    import tokenizers
+
+                    truncator = self._truncator = tokenizers.Tokenizer.from_str(self.backend.to_str())
+                truncator.enable_truncation(max_length)
+                encodings = truncator.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        else:
+            encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        rows = [self._with_bos(e.ids, prepend_bos, add_special_tokens, e.type_ids) for e in encodings]
         longest = max(len(ids) for ids, _ in rows)
+        if pad_to == "none" and any(len(ids) < longest for ids, _ in rows):
+            raise ValueError("these texts have different token counts and padding=False: a batch of them needs "
+                             "padding (padding=True)")
+        longest = max(longest, pad_to if isinstance(pad_to, int) else 0)
         pad = self._pad() if any(len(ids) < longest for ids, _ in rows) else 0
         batch = {"input_ids": [], "attention_mask": [], "token_type_ids": []}
         for ids, types in rows:
@@ -154,11 +229,30 @@ class Tokenizer:
         if not self.token_type_ids:
             del batch["token_type_ids"]
         # dtype given: a batch of empty texts would otherwise come out as float
-        return {key: torch.tensor(values, dtype=torch.long, device=device) for key, values in batch.items()}
+        return Encoding({key: torch.tensor(values, dtype=torch.long, device=device) for key, values in batch.items()})
 
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """The text of a sequence of ids (special tokens kept unless skipped)."""
-        return self.backend.decode(self._id_list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
+        """The text of a sequence of ids (special tokens kept unless skipped); `clean_up_tokenization_spaces` as
+        transformers' (" ." -> ".", " n't" -> "n't" ...)."""
+        text = self.backend.decode(self._id_list(ids), skip_special_tokens=skip_special_tokens)
+        return _clean_up(text) if clean_up_tokenization_spaces else text
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool = False) -> list[str]:
+        """The text of each sequence of ids (rows of a [b, s] tensor, or a list of lists)."""
+        return [self.decode(ids, skip_special_tokens, clean_up_tokenization_spaces) for ids in sequences]
+
+    def convert_ids_to_tokens(self, ids):
+        """The vocabulary's entry for an id, or for each of a list of them (transformers' name)."""
+        if isinstance(ids, int) or isinstance(ids, torch.Tensor) and ids.dim() == 0:
+            return self.backend.id_to_token(int(ids))
+        return [self.backend.id_to_token(i) for i in self._id_list(ids)]
+
+    def convert_tokens_to_ids(self, tokens):
+        """The id of a vocabulary entry, or of each of a list of them (None where the vocabulary lacks it)."""
+        if isinstance(tokens, str):
+            return self.backend.token_to_id(tokens)
+        return [self.backend.token_to_id(token) for token in tokens]
 
     def str_tokens(self, ids) -> list[str]:
         """Each id decoded on its own ("[CLS]", "##ing", " the"), as transformers' decode([id]) gives it."""
@@ -181,25 +275,17 @@ class Tokenizer:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{self.vocab_size - 1}")
         return ids
 
-    @property
-    def template_adds_bos(self) -> bool:
-        """Whether the checkpoint's template starts every text with its BOS token (Gemma's and Llama's do; GPT-2's
-        adds none): TransformerLens' tokenizer_prepends_bos."""
-        bos = self.special_ids.get("bos")
-        return bos is not None and self.backend.encode("").ids[:1] == [bos]
-
-    def _bos_prefix(self, prepend_bos: bool, add_special_tokens: bool) -> list[int]:
-        """The BOS a text gets in front beyond the template's: none unless asked, and none where the template puts
-        one there already, so that a text never starts with two (as TransformerLens' to_tokens)."""
-        if not prepend_bos or (add_special_tokens and self.template_adds_bos):
-            return []
-        return [self._bos()]
-
-    def _bos(self) -> int:
+    def _with_bos(self, ids: list[int], prepend_bos: bool | None, templated: bool, types: list[int] | None = None):
+        """(ids, types) with the sequence made to start, or not, with the BOS token (see the module's doc);
+        `templated`: the template's special tokens were added."""
+        types = [0] * len(ids) if types is None else types
+        if prepend_bos is None or prepend_bos == (templated and self.prepends_bos and bool(ids)):
+            return ids, types
+        if not prepend_bos:
+            return ids[1:], types[1:]
         if "bos" not in self.special_ids:
-            raise ValueError(f"{self.source}: this tokenizer names no BOS token (a BERT sequence starts with [CLS], "
-                             "which the tokenizer adds itself): leave prepend_bos False")
-        return self.special_ids["bos"]
+            raise ValueError(f"{self.source}: this tokenizer names no BOS token, so prepend_bos=True cannot add one")
+        return [self.special_ids["bos"], *ids], [0, *types]
 
     def _pad(self) -> int:
         for role in ("pad", "eos"):
@@ -207,6 +293,47 @@ class Tokenizer:
                 return self.special_ids[role]
         raise ValueError(f"{self.source}: texts of different lengths need padding, and the tokenizer names neither "
                          "a pad nor an end-of-text token")
+
+
+class Encoding(dict):
+    """What the tokenizer's call returns: a dict of tensors (input_ids, attention_mask, ...) that also answers
+    `encoding.input_ids`, as transformers' BatchEncoding does."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _side(side: str) -> str:
+    if side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {side!r}")
+    return side
+
+
+def _padding(padding, max_length: int | None) -> str | int:
+    """transformers' `padding` as "longest", "none", or the length to pad to."""
+    if padding in (True, "longest"):
+        return "longest"
+    if padding in (False, "do_not_pad"):
+        return "none"
+    if padding == "max_length":
+        if max_length is None:
+            raise ValueError("padding='max_length' needs max_length")
+        return max_length
+    raise ValueError(f"padding must be True, False, 'longest', 'max_length' or 'do_not_pad', got {padding!r}")
+
+
+# transformers' clean_up_tokenization: the spaces a word-level decode leaves before punctuation and contractions
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+             (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def _clean_up(text: str) -> str:
+    for before, after in _CLEAN_UP:
+        text = text.replace(before, after)
+    return text
 
 
 def _one_pair(pair: str | None) -> str | None:
@@ -224,10 +351,15 @@ def _read(directory: Path, token_type_ids: bool | None, config_json: dict | None
     path = files.get("tokenizer.json")
     if path is None:
         found = [name for name in VOCAB_FILES if name in files]
-        has = f"only {', '.join(found)}" if found else "no tokenizer files"
-        raise NoTokenizerJson(f"{source}: no tokenizer.json ({has}); scratch_models reads tokenizer.json, the "
-                              "`tokenizers` library's file. Write one once with transformers: "
-                              "AutoTokenizer.from_pretrained(directory).save_pretrained(directory)")
+        if found:
+            raise NoTokenizerJson(f"{source}: no tokenizer.json (only {', '.join(found)}); scratch_models reads "
+                                  "tokenizer.json, the `tokenizers` library's file. Write one once with transformers: "
+                                  "AutoTokenizer.from_pretrained(directory).save_pretrained(directory)")
+        raise NoTokenizerJson(f"{source}: no tokenizer files in {directory} (no tokenizer.json, nor vocab files a "
+                              "tokenizer could be built from): the weights were saved without their tokenizer. Take "
+                              "the tokenizer of the checkpoint they were made from: copy its tokenizer files into "
+                              f"{directory}, or set model.tokenizer = scratch_models.Tokenizer.from_pretrained(that "
+                              "checkpoint). Token ids need no tokenizer: model(input_ids)")
     try:
         backend = tokenizers.Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises its own exception types for a bad file
@@ -244,7 +376,8 @@ def _read(directory: Path, token_type_ids: bool | None, config_json: dict | None
     if token_type_ids is None:
         # the model reads token types when its config sizes a table of them (BERT's type_vocab_size)
         token_type_ids = "type_vocab_size" in configs["config.json"]
-    return backend, _special_ids(backend, configs, path), token_type_ids
+    side = configs.get("tokenizer_config.json", {}).get("padding_side") or "right"
+    return backend, _special_ids(backend, configs, path), token_type_ids, _side(side)
 
 
 def _directory(name_or_path) -> Path:

@@ -21,6 +21,8 @@ checkpoint layouts by transformers itself: speed does not depend on their values
              CacheActivationsRunner with --saelens-python
   patching   a GPT-2 124M residual patching sweep, batched against one forward per patch (ratio: one at a time /
              batched), and against TransformerLens' patching module when it is installed
+  features   a 16384-feature dictionary's statistics over a corpus at GPT-2 124M's last residual stream
+             (scratch_models.dictionaries.features) against harvest of the same hook over the same corpus
 
 forward and generate run each model in every mode (eager and compiled, float32 and bfloat16; float16 too on
 CUDA). `roofline_ms` is the least time the machine's limits allow: the case's FLOPs at the GEMM peak of its dtype
@@ -824,8 +826,76 @@ def _nnsight_stopped(traced, layer: int, chunk: torch.Tensor) -> torch.Tensor:
     return saved[0] if isinstance(saved, tuple) else saved
 
 
+def features(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
+    """A dictionary of 16384 features at GPT-2 124M's layers.11.out (random weights written locally in SAELens'
+    layout: unit decoder rows, the encoder their transpose, each feature's encoder bias set so it fires on about
+    0.3% of this corpus's tokens, some 49 a token), over 64 packed sequences of 128 tokens in batches of 8, float32.
+    `ours`: scratch_models.dictionaries.features' pass over the corpus (reading, packing, forward passes stopped
+    after the hook, the encoder, the counting), from its own timings; against `harvest`: scratch_models.corpus.harvest
+    of the same hook over the same corpus, end to end (the shards written). `ratio`: harvest's time / ours, so at
+    least 0.8 is the goal. The fixed costs after the pass (the logit effects of 16384 directions through the
+    50257-token unembedding, the dataset, a page per feature) are a row of their own: they do not grow with the
+    corpus. The corpus is pre-tokenized, as in the harvest case."""
+    from datasets import Dataset
+
+    from scratch_models import GPT2LMHeadModel
+    from scratch_models.corpus import run_harvest
+    from scratch_models.dictionaries import SAE, SAEConfig, build
+    from scratch_models.dictionaries.features import run_features
+
+    name, bos, context, batch, documents, d_sae = "layers.11.out", 50256, 128, 8, 64, 16384
+    generator = torch.Generator().manual_seed(5)
+    docs = torch.randint(1000, (documents, context - 1), generator=generator)
+    root = Path(tempfile.mkdtemp(prefix="scratch-models-features-"))
+    Dataset.from_dict({"input_ids": docs.tolist()}).to_parquet(root / "corpus.parquet")
+    model = GPT2LMHeadModel.from_pretrained(ckpt.gpt2, device=device)
+    _, cache = model.run_with_cache(torch.cat([torch.full((documents, 1), bos), docs], 1)[:16].to(device),
+                                    names=[name])
+    stream = cache[name].flatten(0, 1).float()
+    sae = build(SAEConfig(architecture="standard", d_in=GPT2_SMALL["n_embd"], d_sae=d_sae, hook_name=name))
+    with torch.no_grad():
+        directions = torch.randn(d_sae, GPT2_SMALL["n_embd"], generator=generator)
+        sae.W_dec.copy_(directions / directions.norm(dim=1, keepdim=True))
+        sae.W_enc.copy_(sae.W_dec.T)
+        sae.b_dec.copy_(stream.mean(0).cpu())
+        sae.b_enc.copy_(-torch.quantile(((stream - stream.mean(0)) @ sae.W_enc.to(device)).cpu(), 0.997, dim=0))
+    sae.save_pretrained(root / "sae")
+    dictionary = SAE.from_pretrained(root / "sae").to(device)
+    runs = iter(range(10**6))
+    summaries = []
+
+    def ours(pages: bool):
+        def run():
+            summaries.append(run_features(model, dictionary, root / "corpus.parquet", root / f"ours-{next(runs)}",
+                                          batch_size=batch, context=context, pages=pages, progress=False)[1])
+        return run
+
+    def harvest():
+        run_harvest(model, root / "corpus.parquet", [name], root / f"harvest-{next(runs)}", batch_size=batch,
+                    context=context, progress=False)
+
+    ours(pages=True)()  # a warm-up, and the fixed costs of one whole run
+    whole = summaries.pop()
+    seconds = interleaved({"ours": ours(pages=False), "harvest": harvest}, max(2, repeats // 5), _sync(device))
+    passes = statistics.median(summary.timings["pass"] for summary in summaries)
+    tokens = documents * context
+    fixed = {k: v for k, v in whole.timings.items() if k in ("merging", "logit effects", "dataset and pages")}
+    return [{"case": f"GPT-2 124M {name}, {d_sae} features, {documents}x{context} tokens, b{batch}, fp32",
+             "other": "harvest of the same hook", "ours_ms": passes * 1e3, "other_ms": seconds["harvest"] * 1e3,
+             "ratio": seconds["harvest"] / passes, "ours_tokens_per_s": tokens / passes,
+             "other_tokens_per_s": tokens / seconds["harvest"], "l0": round(whole.l0, 1)},
+            {"case": "ours: where the pass went (median run, s)", **_median_timings(summaries)},
+            {"case": "ours: fixed costs after the pass (s)", **fixed,
+             "note": "do not grow with the corpus: once per run"}]
+
+
+def _median_timings(summaries) -> dict:
+    keys = [k for k in summaries[0].timings if k not in ("merging", "logit effects", "dataset", "dataset and pages")]
+    return {k: round(statistics.median(s.timings[k] for s in summaries), 3) for k in keys}
+
+
 CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load, "cold": cold,
-         "hooks": hooks, "patching": patching, "harvest": harvest}
+         "hooks": hooks, "patching": patching, "harvest": harvest, "features": features}
 
 
 def format_table(rows: list[dict]) -> str:

@@ -196,19 +196,21 @@ def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> None:
     (repo / "refs" / "main").write_text(commit)
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
-    for name, source in files.items():
+    for name, source in files.items():  # a name may sit in a folder of the repository
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
         (snapshot / name).symlink_to(source)
 
 
 def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict]:
     """huggingface_hub.hf_hub_download answering from `answers`: filename -> a path, or an exception to raise; a
-    tokenizer file it is not given is absent from the repository (404), any other file fails the test. The hub
-    answers the reachability probe as `reachable` says. Returns the calls made, their arguments each."""
+    tokenizer file or generation_config.json it is not given is absent from the repository (404), any other file
+    fails the test. The hub answers the reachability probe as `reachable` says. Returns the calls made, their
+    arguments each."""
     calls = []
 
     def download(repo_id, filename, **kwargs):
         calls.append(dict(repo_id=repo_id, filename=filename, **kwargs))
-        answer = answers[filename] if filename not in TOKENIZER_FILES else answers.get(
+        answer = answers[filename] if filename not in (*TOKENIZER_FILES, GENERATION_CONFIG) else answers.get(
             filename, http_error(RemoteEntryNotFoundError, 404))
         if isinstance(answer, Exception):
             raise answer
@@ -217,7 +219,7 @@ def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict
     monkeypatch.setattr("huggingface_hub.hf_hub_download", download)
     from huggingface_hub.errors import RemoteEntryNotFoundError
 
-    from weight_mapping import TOKENIZER_FILES, readers
+    from weight_mapping import GENERATION_CONFIG, TOKENIZER_FILES, readers
 
     monkeypatch.setattr(readers, "_hub_unreachable",
                         lambda: None if reachable else "the hub (huggingface.co) cannot be reached (timed out)")

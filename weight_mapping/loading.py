@@ -6,6 +6,7 @@ model built on the meta device and stays free of any model code.
 
 import dataclasses
 import re
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -52,8 +53,19 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, torch.Size], num_layers: int,
                *, model_name: str, tied: bool = True, twins: dict[str, bool] | None = None,
-               dtype: torch.dtype | None = None, device=None) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
+               base_names: Callable[[], Iterable[str]] = frozenset, dtype: torch.dtype | None = None,
+               device=None) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
     """Our tensor name -> tensor for every name in `expected`, read from `checkpoint` through `table`.
+
+    Every tensor of the file is loaded, skipped for a reason `LoadingInfo.ignored` gives, or named in the error.
+    Skipped, as transformers skips them (it loads the rest and warns): a buffer the table lists (`ignored`), a tied
+    duplicate (below), and a part of another class of the family under the same config.json: a task head's module
+    the model has none of (a head checkpoint into the base model), or a module of the base model that this class
+    leaves out (BERT's pooler in BertForMaskedLM). `base_names()`: our tensor names in the family's base model
+    built from the same config, asked only when such a module turns up. Any other tensor is unexpected: one of a
+    module the model holds without it (a bias config.json switches off, as GPT-NeoX's `attention_bias: false`),
+    one of a module the config's model lacks, one the table does not name. transformers drops those with a
+    warning and computes without them, which is not what the file's weights compute.
 
     `tied`: the checkpoint's config.json ties the pairs of `table.aliases` (tie_word_embeddings), as transformers 5
     reads it: a tensor absent from the file is then read from its twin, and one our model holds no tensor for is a
@@ -79,9 +91,10 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
     elif twins is None:
         twins = tied_twins(table, checkpoint)
 
+    per_layer = _per_layer_keys(table)
     sources: dict[str, str] = {}  # our name -> checkpoint key
     ignored: dict[str, str] = {}
-    unexpected: list[str] = []
+    unexpected: dict[str, str] = {}  # checkpoint key -> why the model has no place for it
     notes: list[str] = []
     spare: list[str] = []  # tied tensors our model holds none for: each may stand for its twin
     for key, name in normalized.items():
@@ -96,7 +109,9 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
                 notes.append(f"config.json ties {key} to {key_of[aliases[name]]}, but the file holds two different "
                              "tensors: loaded untied, as transformers 5 does")
         elif target is None and name not in twin_of:
-            unexpected.append(key)
+            layer = per_layer.fullmatch(name)
+            unexpected[key] = (f"layer {layer[layer.lastindex]}, past config.json's {table.layers_field}={num_layers}"
+                               if layer else f"no row of the {table.family} table names it")
         else:
             spare.append(key)
     for name, twin in twin_of.items():  # a tied tensor the file lacks is its twin (a safetensors save keeps one)
@@ -104,10 +119,17 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         if target in expected and target not in sources and twin in key_of:
             sources[target] = key_of[twin]
     used = set(sources.values())
+    place = _Place(table, num_layers, expected, base_names)
     for key in spare:
         name = normalized[key]
-        if key not in used:  # a duplicate only when equal: two different tensors are never called one
-            ignored[key] = f"duplicate of {aliases[name]} (tied)" if twins.get(name) else f"not part of {model_name}"
+        if key in used:
+            continue
+        if twins.get(name):  # a duplicate only when equal: two different tensors are never called one
+            ignored[key] = f"duplicate of {aliases[name]} (tied)"
+        elif (why := place.lacking(name)) is None:
+            ignored[key] = f"not part of {model_name}"
+        else:
+            unexpected[key] = why
 
     missing = [name for name in expected if name not in sources]
     misshaped = [(key, checkpoint.shape(key), tuple(expected[name])) for name, key in sources.items()
@@ -152,6 +174,30 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         notes=notes,
     )
     return state, info
+
+
+class _Place:
+    """Why the model has no place for a checkpoint tensor the table maps to a tensor the model lacks, or None where
+    it is a part of another class of the family (see load_state)."""
+
+    def __init__(self, table: MappingTable, num_layers: int, expected, base_names: Callable[[], Iterable[str]]):
+        self.ours = table.tensor_names(num_layers)
+        self.head_rows = {f"{row.checkpoint}.{t}" for row in table.expand(num_layers) if row.head for t in row.tensors}
+        self.held_modules = {name.rpartition(".")[0] for name in expected}
+        self._base_names = base_names
+        self._base = None
+
+    def lacking(self, name: str) -> str | None:
+        module, _, leaf = self.ours[name].rpartition(".")
+        if module in self.held_modules:  # the model computes with this module: the file's tensor would be dropped
+            return f"our {module} has no {leaf} under this config.json: a setting there leaves it out"
+        if name in self.head_rows:
+            return None  # another task's head
+        if self._base is None:
+            self._base = set(self._base_names())
+        if self.ours[name] in self._base:
+            return None  # a module of the base model this class leaves out
+        return f"the model config.json describes has no {module}: a setting there leaves it out"
 
 
 def check_layer_count(table: MappingTable, checkpoint: Checkpoint, num_layers: int) -> None:
@@ -204,6 +250,10 @@ def _mismatch_message(checkpoint, table, model_name, num_layers, expected, missi
         lines += [f"  ... and {len(missing) - 20} more"] if len(missing) > 20 else []
     if unexpected:
         lines.append(f"{len(unexpected)} unexpected tensor(s) in the checkpoint:")
-        lines += [f"  {key} {checkpoint.shape(key)}" for key in unexpected[:20]]
+        lines += [f"  {key} {checkpoint.shape(key)}: {why}" for key, why in list(unexpected.items())[:20]]
         lines += [f"  ... and {len(unexpected) - 20} more"] if len(unexpected) > 20 else []
+        if any("config.json" in why for why in unexpected.values()):
+            lines.append(f"the weights and {checkpoint.config_path} disagree: the file holds tensors its config "
+                         "leaves out, so the config does not describe what they compute (transformers would drop "
+                         "them with a warning). Fix config.json, or use the config the weights were saved with")
     return "\n".join(lines)

@@ -27,6 +27,8 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # Read beside the weights when present (a hub id fetches them too), and copied by `convert`: what a tokenizer is made of.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.txt", "vocab.json", "merges.txt")
+# generate's defaults, as transformers reads them (config.json's when it is absent)
+GENERATION_CONFIG = "generation_config.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 EMBEDDED_NAME = "minilm"
 EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -37,6 +39,18 @@ HUB_PROBE_SECONDS = 3.0
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be found, read, or fitted to the model; the message names the culprit."""
+
+
+class NotCached(CheckpointError):
+    """A hub checkpoint whose files are not in the local Hugging Face cache while the hub cannot be reached.
+    `repo_id` names it; `advised` adds what to use offline instead, which the callers that know the family say."""
+
+    def __init__(self, message: str, repo_id: str):
+        super().__init__(message)
+        self.repo_id = repo_id
+
+    def advised(self, advice: str) -> "NotCached":
+        return NotCached(f"{self}. {advice}", self.repo_id)
 
 
 class ConfigError(ValueError):
@@ -105,9 +119,15 @@ class Checkpoint:
             raise CheckpointError(f"{path}: cannot read tensor {key!r}: {e}") from None
 
 
-def open_checkpoint(name_or_path) -> Checkpoint:
-    """Open a directory, a weights file (with config.json beside it), a sharded index, a hub id, or `minilm`."""
+def open_checkpoint(name_or_path, *, revision: str | None = None) -> Checkpoint:
+    """Open a directory, a weights file (with config.json beside it), a sharded index, a hub id, or `minilm`.
+    `revision`: a hub id's branch, tag or commit (Pythia's training checkpoints: "step3000"); refused for the
+    others, which have none."""
     path = Path(name_or_path).expanduser()
+    if revision is not None and (path.exists() or str(name_or_path).lower() == EMBEDDED_NAME
+                                 or not looks_like_hub_id(str(name_or_path))):
+        raise CheckpointError(f"{name_or_path}: revision={revision!r} names a version of a hub repository, and this "
+                              "is not a hub id (a local checkpoint is the version it holds)")
     if path.is_dir():
         config_path, weights, origin = path / "config.json", _weights_in(path), f"local directory {path}"
     elif path.is_file():
@@ -115,8 +135,8 @@ def open_checkpoint(name_or_path) -> Checkpoint:
     elif str(name_or_path).lower() == EMBEDDED_NAME:
         directory = embedded_checkpoint()
         config_path, weights, origin = directory / "config.json", _weights_in(directory), _EMBEDDED_ORIGIN
-    elif _looks_like_hub_id(str(name_or_path)):
-        config_path, weights, origin = _from_hub(str(name_or_path))
+    elif looks_like_hub_id(str(name_or_path)):
+        config_path, weights, origin = _from_hub(str(name_or_path), revision)
     else:
         raise CheckpointError(f"{name_or_path}: no such file or directory, and not a hub model id")
     if not config_path.is_file():
@@ -231,7 +251,8 @@ def _torch_load(path: Path):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _looks_like_hub_id(name: str) -> bool:
+def looks_like_hub_id(name: str) -> bool:
+    """Whether `name` reads as a hub id ("gpt2", "org/model"), not as a file."""
     return bool(_HUB_ID.match(name)) and not name.endswith((".bin", ".safetensors", ".json"))
 
 
@@ -240,35 +261,44 @@ def looks_like_checkpoint(name: str) -> bool:
     `minilm`, a hub id with its owner ("org/model"), or one whose config.json is in the local Hugging Face cache."""
     if Path(name).expanduser().exists() or name.lower() == EMBEDDED_NAME:
         return True
-    if not _looks_like_hub_id(name):
+    if not looks_like_hub_id(name):
         return False
     from huggingface_hub import try_to_load_from_cache
 
     return "/" in name or isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
-def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
-    """config.json and the weights of `repo_id` from the Hugging Face cache or the hub, and the tokenizer's files
-    where the repository has them; nothing else is fetched. Returns (config.json, weights, where they came from).
+class HubRepository:
+    """The files of one hub repository (at `revision`, default the main branch), each from the local Hugging Face
+    cache or the hub.
 
-    Where the hub cannot be reached (HF_HUB_OFFLINE, or no answer within HUB_PROBE_SECONDS), only the cache is read,
-    so an uncached id fails at once instead of after huggingface_hub's half a minute of retries."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, HFValidationError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError)
+    Where the hub cannot be reached (HF_HUB_OFFLINE, or no answer within HUB_PROBE_SECONDS), or with `cache_only`,
+    only the cache is read, so an uncached file fails at once instead of after huggingface_hub's half a minute of
+    retries. `fetch` says which files the cache lacked (`not_cached`); `offline_error` is the error for one of
+    them."""
 
-    embedded = repo_id == EMBEDDED_HUB_ID  # never downloaded: the cache's copy, else the embedded one
-    unreachable = ("HF_HUB_OFFLINE is set" if _env_flag("HF_HUB_OFFLINE")
-                   else None if embedded else _hub_unreachable())
-    local_only = unreachable is not None or embedded
-    not_cached = []
+    def __init__(self, repo_id: str, *, revision: str | None = None, cache_only: bool = False):
+        self.repo_id, self.revision = repo_id, revision
+        self.unreachable = ("HF_HUB_OFFLINE is set" if _env_flag("HF_HUB_OFFLINE")
+                            else None if cache_only else _hub_unreachable())
+        self.local_only = self.unreachable is not None or cache_only
+        self.not_cached: list[str] = []
 
-    def fetch(filename: str) -> Path | None:
+    @property
+    def origin(self) -> str:
+        return f"the Hugging Face cache{' (hub not contacted: ' + self.unreachable + ')' if self.unreachable else ''}"
+
+    def fetch(self, filename: str) -> Path | None:
         """`filename` from the cache or the hub; None if the repository lacks it or it is not cached offline."""
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, HFValidationError,
+                                            LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+
+        repo_id = self.repo_id
         try:
-            return Path(hf_hub_download(repo_id, filename, local_files_only=local_only))
+            return Path(hf_hub_download(repo_id, filename, revision=self.revision, local_files_only=self.local_only))
         except LocalEntryNotFoundError:
-            not_cached.append(filename)
+            self.not_cached.append(filename)
             return None
         except EntryNotFoundError:
             return None
@@ -277,42 +307,53 @@ def _from_hub(repo_id: str) -> tuple[Path, Path, str]:
         except GatedRepoError:
             raise CheckpointError(f"{repo_id}: the hub model is gated; accept its terms on huggingface.co and "
                                   "log in (hf auth login)") from None
+        except RevisionNotFoundError:
+            raise CheckpointError(f"{repo_id}: the hub repository has no revision {self.revision!r} (a branch, tag "
+                                  "or commit)") from None
         except RepositoryNotFoundError:
             raise CheckpointError(f"{repo_id}: no such local path, and no such model on the hub (a private "
                                   "model needs a login: hf auth login)") from None
         except HfHubHTTPError as e:
             raise CheckpointError(f"{repo_id}: fetching {filename} from the hub failed ({e})") from None
 
-    def offline_error(filename):
-        why = unreachable or "the hub could not be reached"
-        hint = "" if unreachable == "HF_HUB_OFFLINE is set" else "; set HF_HUB_OFFLINE=1 to skip trying the hub"
-        return CheckpointError(
-            f"{repo_id}: no such local path, and {filename} is not in the local Hugging Face cache ({_cache_dir()}) "
-            f"while {why}{hint}. Download it once with network access, give a local directory or weights file, or "
-            f"use `{EMBEDDED_NAME}`, the real BERT all-MiniLM-L6-v2 that comes with this package (offline)")
+    def offline_error(self, filename: str, alternative: str = "or give a local directory or weights file") -> NotCached:
+        """The error for `filename`, which the cache lacks while the hub is out of reach; `alternative`: what else
+        to do, in words."""
+        why = self.unreachable or "the hub could not be reached"
+        hint = "" if self.unreachable == "HF_HUB_OFFLINE is set" else "; set HF_HUB_OFFLINE=1 to skip trying the hub"
+        at = "" if self.revision is None else f" at revision {self.revision!r}"
+        return NotCached(f"{self.repo_id}{at}: no such local path, and {filename} is not in the local Hugging Face "
+                         f"cache ({_cache_dir()}) while {why}{hint}. Download it once with network access, "
+                         f"{alternative}", self.repo_id)
 
-    config_path = fetch("config.json")
+
+def _from_hub(repo_id: str, revision: str | None = None) -> tuple[Path, Path, str]:
+    """config.json and the weights of `repo_id` (at `revision`) from the Hugging Face cache or the hub
+    (HubRepository), and the tokenizer's files and generation_config.json where the repository has them; nothing
+    else is fetched. Returns (config.json, weights, where they came from)."""
+    embedded = repo_id == EMBEDDED_HUB_ID  # never downloaded: the cache's copy, else the embedded one
+    repo = HubRepository(repo_id, revision=revision, cache_only=embedded)
+    config_path = repo.fetch("config.json")
     if config_path is None:
-        if embedded and not_cached:
+        if embedded and repo.not_cached:
             directory = embedded_checkpoint()
             return directory / "config.json", _weights_in(directory), _EMBEDDED_ORIGIN + f", for {repo_id}"
-        raise offline_error("config.json") if not_cached else CheckpointError(
+        raise repo.offline_error("config.json") if repo.not_cached else CheckpointError(
             f"{repo_id}: the hub repository has no config.json")
-    origin = f"the Hugging Face cache{' (hub not contacted: ' + unreachable + ')' if unreachable else ''}"
     for name in WEIGHT_FILES:
-        weights = fetch(name)
+        weights = repo.fetch(name)
         if weights is None:
             continue
         if name.endswith(".index.json"):
             for shard in dict.fromkeys(_read_index(weights).values()):
-                if fetch(shard) is None:
-                    raise offline_error(shard) if shard in not_cached else CheckpointError(
+                if repo.fetch(shard) is None:
+                    raise repo.offline_error(shard) if shard in repo.not_cached else CheckpointError(
                         f"{weights}: names shard {shard!r}, which the hub repository {repo_id} lacks")
-        for tokenizer_file in TOKENIZER_FILES:  # into the same snapshot directory: found beside the weights
-            fetch(tokenizer_file)
-        return config_path, weights, origin
-    if not_cached:
-        raise offline_error(" / ".join(not_cached))
+        for extra in (*TOKENIZER_FILES, GENERATION_CONFIG):  # into the same snapshot directory: beside the weights
+            repo.fetch(extra)
+        return config_path, weights, repo.origin
+    if repo.not_cached:
+        raise repo.offline_error(" / ".join(repo.not_cached))
     raise CheckpointError(f"{repo_id}: the hub repository has none of {', '.join(WEIGHT_FILES)}")
 
 

@@ -40,8 +40,8 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.out = HookPoint("b, s, h", "the embeddings after LayerNorm: what layer 0 reads")
 
-    def forward(self, input_ids, token_type_ids, position_ids):
-        word = self.word(self.word_embeddings(input_ids))
+    def forward(self, input_ids, token_type_ids, position_ids, inputs_embeds=None):
+        word = self.word(self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds)
         token_type = self.token_type(self.token_type_embeddings(token_type_ids))
         position = self.position(self.position_embeddings(position_ids))
         summed = self.sum(word + token_type + position)  # summed in transformers' order, so it rounds the same
@@ -203,30 +203,33 @@ class BertModel(PretrainedModel):
         # A checkpoint saved from BertForMaskedLM has no pooler: build none rather than invent one at random.
         return {"add_pooling_layer": any(cls.mapping_table.normalize(k).startswith("pooler.") for k in keys)}
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> BaseModelOutputWithPooling:
-        """input_ids [b, s]; attention_mask [b, s] 1 keep / 0 pad (bool, integer or float; an additive mask is
-        refused); token_type_ids [b, s] (default 0); position_ids [b, s] or [1, s] (default 0..s-1).
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> BaseModelOutputWithPooling:
+        """input_ids [b, s], or inputs_embeds [b, s, h] in their place (what the word embeddings would give, in
+        their dtype; exactly one of the two); attention_mask [b, s] 1 keep / 0 pad (bool, integer or float; an
+        additive mask is refused); token_type_ids [b, s] (default 0); position_ids [b, s] or [1, s] (default
+        0..s-1).
 
         A row whose attention_mask is all 0 is legal: no key is left to attend to, so its attention weights and
         context are 0 (as transformers' default SDPA attention computes; its eager path spreads them evenly).
         Its outputs are finite, never NaN, and mean nothing. Bad arguments raise a ValueError naming them."""
         config = self.config
-        check_ids("input_ids", input_ids, *self.table_size("input_ids"))
-        batch, seq = input_ids.shape
+        batch, seq = self.check_tokens(input_ids, inputs_embeds)
+        device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
             if seq > config.max_position_embeddings:
                 raise ValueError(f"input_ids has {seq} positions; this model has "
                                  f"max_position_embeddings={config.max_position_embeddings}, so a sequence "
                                  f"may be at most {config.max_position_embeddings} tokens long")
-            position_ids = torch.arange(seq, device=input_ids.device)[None, :]
+            position_ids = torch.arange(seq, device=device)[None, :]
         check_ids("position_ids", position_ids, *self.table_size("position_ids"), shapes=((batch, seq), (1, seq)))
         if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
+            token_type_ids = torch.zeros(batch, seq, dtype=torch.long, device=device)
         check_ids("token_type_ids", token_type_ids, *self.table_size("token_type_ids"), shapes=((batch, seq),))
         check_mask("attention_mask", attention_mask, (batch, seq))
 
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         mask = padding_mask(attention_mask)  # built once, shared by every layer
         x, hidden_states, attentions = self.encoder(x, mask, need_probs=output_attentions,
                                                     keep_hidden=output_hidden_states)
@@ -261,11 +264,13 @@ class BertForMaskedLM(BertWithHead):
         self.mlm_head = BertMLMHead(config)
         self.logits = HookPoint("b, s, V", "masked-LM scores over the vocabulary, per position")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> MaskedLMOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> MaskedLMOutput:
         """As BertModel.forward; `labels` [b, s] (-100 = not scored) adds the cross-entropy loss."""
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         logits = self.logits(self.mlm_head(out.last_hidden_state, self.embeddings.word_embeddings.weight))
         loss = cross_entropy(logits, labels, classes="vocab_size") if labels is not None else None
         return MaskedLMOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,

@@ -12,7 +12,7 @@ Each class is a BertModel (its forward runs the encoder) plus a head; the checkp
 and the head beside it (cls.*, classifier.*, qa_outputs.*), as weight_mapping/bert.py says. The losses are
 transformers' own (see losses.py): cross-entropy where -100 marks a label that is not scored; for sequence
 classification, regression, single- or multi-label as config.problem_type and the labels say. Labels of the wrong
-shape, dtype or range raise a ValueError naming them. `inputs_embeds` is not taken, as in BertModel.
+shape, dtype or range raise a ValueError naming them. `inputs_embeds` stands in for input_ids, as in BertModel.
 
 Shapes: b batch, s sequence, h hidden, L num_labels, c choices, V vocabulary.
 """
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..hook_point import HookPoint
+from ..inputs import check_embeds, check_one_of
 from ..losses import classification_loss, cross_entropy, span_loss
 from ..outputs import (BertForPreTrainingOutput, MultipleChoiceModelOutput, NextSentencePredictorOutput,
                       QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
@@ -48,9 +49,9 @@ class BertForPreTraining(BertWithHead):
         self.nsp_head = nn.Linear(config.hidden_size, 2)
         self.seq_relationship_logits = HookPoint("b, 2", f"{NSP_DOC}")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                next_sentence_label=None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> BertForPreTrainingOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                next_sentence_label=None, output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> BertForPreTrainingOutput:
         """As BertModel.forward; `labels` [b, s] (token ids, -100 = not scored) and `next_sentence_label` [b]
         (0 or 1) add the loss. They go together: one without the other is an error (transformers would quietly
         return no loss)."""
@@ -58,7 +59,8 @@ class BertForPreTraining(BertWithHead):
             raise ValueError("BertForPreTraining's loss needs both labels (masked LM) and next_sentence_label; "
                              f"only {'labels' if labels is not None else 'next_sentence_label'} was given")
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         mlm = self.prediction_logits(self.mlm_head(out.last_hidden_state, self.embeddings.word_embeddings.weight))
         nsp = self.seq_relationship_logits(self.nsp_head(out.pooler_output))
         loss = None
@@ -77,11 +79,13 @@ class BertForNextSentencePrediction(BertWithHead):
         self.nsp_head = nn.Linear(config.hidden_size, 2)
         self.logits = HookPoint("b, 2", f"{NSP_DOC}")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> NextSentencePredictorOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> NextSentencePredictorOutput:
         """As BertModel.forward; `labels` [b] (0: B follows A, 1: B is random, -100: not scored) adds the loss."""
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         logits = self.logits(self.nsp_head(out.pooler_output))
         loss = cross_entropy(logits, labels, classes="classes") if labels is not None else None
         return NextSentencePredictorOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
@@ -98,13 +102,15 @@ class BertForSequenceClassification(BertWithHead):
         self.logits = HookPoint("b, L", "class scores of each sequence, from the pooler output (L = num_labels; "
                                 "regression: the predicted values)")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> SequenceClassifierOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> SequenceClassifierOutput:
         """As BertModel.forward; `labels` add the loss that config.problem_type names, or when it is null the one
         the labels imply: [b] torch.long class indices (-100: not scored) -> cross-entropy; [b, L] floats (0/1 per
         class) -> binary cross-entropy (multi-label); with num_labels 1, [b] values -> mean squared error."""
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         logits = self.logits(self.classifier(self.dropout(out.pooler_output)))
         config = self.config
         loss = None if labels is None else classification_loss(logits, labels, config.num_labels, config.problem_type)
@@ -121,11 +127,13 @@ class BertForTokenClassification(BertWithHead):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.logits = HookPoint("b, s, L", "class scores of each token (L = num_labels)")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> TokenClassifierOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> TokenClassifierOutput:
         """As BertModel.forward; `labels` [b, s] (class indices, -100 = not scored) add the cross-entropy loss."""
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         logits = self.logits(self.classifier(self.dropout(out.last_hidden_state)))
         loss = cross_entropy(logits, labels) if labels is not None else None
         return TokenClassifierOutput(logits=logits, loss=loss, hidden_states=out.hidden_states,
@@ -146,9 +154,9 @@ class BertForQuestionAnswering(BertWithHead):
         self.start_logits = HookPoint("b, s", "score of each token as the first token of the answer")
         self.end_logits = HookPoint("b, s", "score of each token as the last token of the answer")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, start_positions=None,
-                end_positions=None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> QuestionAnsweringModelOutput:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                start_positions=None, end_positions=None, output_hidden_states: bool = False,
+                output_attentions: bool = False, inputs_embeds=None) -> QuestionAnsweringModelOutput:
         """As BertModel.forward; `start_positions` and `end_positions` [b] (token indices; one >= s, an answer cut
         off, is not scored) add the loss, the mean of the two cross-entropies. They go together: one without the
         other is an error (transformers would quietly return no loss)."""
@@ -156,7 +164,8 @@ class BertForQuestionAnswering(BertWithHead):
             raise ValueError("BertForQuestionAnswering's loss needs both start_positions and end_positions; only "
                              f"{'start' if start_positions is not None else 'end'}_positions was given")
         out = super().forward(input_ids, attention_mask, token_type_ids, position_ids,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=inputs_embeds)
         start, end = self.span_logits(self.qa_outputs(out.last_hidden_state)).unbind(-1)
         start, end = self.start_logits(start.contiguous()), self.end_logits(end.contiguous())
         loss = span_loss(start, end, start_positions, end_positions) if start_positions is not None else None
@@ -177,17 +186,26 @@ class BertForMultipleChoice(BertWithHead):
         self.logits = HookPoint("b, c", "score of each choice, from the pooler output of its (context, choice) "
                                 "sequence")
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
-                output_hidden_states: bool = False, output_attentions: bool = False) -> MultipleChoiceModelOutput:
-        """input_ids, attention_mask, token_type_ids, position_ids [b, c, s], each otherwise as in
-        BertModel.forward; `labels` [b] (the right choice, -100 = not scored) add the cross-entropy loss."""
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states: bool = False, output_attentions: bool = False,
+                inputs_embeds=None) -> MultipleChoiceModelOutput:
+        """input_ids, attention_mask, token_type_ids, position_ids [b, c, s] (or inputs_embeds [b, c, s, h] in place
+        of input_ids), each otherwise as in BertModel.forward; `labels` [b] (the right choice, -100 = not scored)
+        add the cross-entropy loss."""
+        check_one_of(input_ids, inputs_embeds)
+        if inputs_embeds is not None:
+            shape = check_embeds(inputs_embeds, self.get_input_embeddings().weight, ("batch", "num_choices", "seq"))
+        elif not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
             raise ValueError(f"input_ids must be 3-D [batch, num_choices, seq], got {_described(input_ids)}")
-        batch, choices, seq = input_ids.shape
-        flat = [_one_sequence_per_choice(name, tensor, (batch, choices, seq)) for name, tensor in
+        else:
+            shape = tuple(input_ids.shape)
+        batch, choices, seq = shape
+        flat = [_one_sequence_per_choice(name, tensor, shape) for name, tensor in
                 [("input_ids", input_ids), ("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
                  ("position_ids", position_ids)]]
-        out = super().forward(*flat, output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        embeds = None if inputs_embeds is None else inputs_embeds.reshape(batch * choices, seq, -1)
+        out = super().forward(*flat, output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=embeds)
         scores = self.classifier(self.dropout(out.pooler_output))  # [b * c, 1]
         logits = self.logits(scores.view(batch, choices))
         loss = cross_entropy(logits, labels, classes="num_choices") if labels is not None else None

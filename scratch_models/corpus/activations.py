@@ -9,13 +9,13 @@ first, last or mean.
 Names are ours or TransformerLens' (`blocks.3.hook_resid_post`, from the family's table), and a pattern's `*`
 stands for one part of a dotted name, as in `cache.stack` (activation_cache.glob). A TransformerLens name is
 stored under that name: its rows are those of our tensor it stands for (its layout moves only the token and head
-axes, or the batch's), or computed from them for a LayerNorm's `hook_scale` / `hook_normalized`.
+axes, or the batch's); a norm's `hook_scale` / `hook_normalized` are opt-in points of the norm, computed while
+harvest listens to them.
 """
 
 import contextlib
 import dataclasses
 import threading
-from typing import Callable
 
 import torch
 
@@ -42,7 +42,7 @@ def resolve_names(model, patterns) -> list[str]:
         if "*" in pattern:
             regex = glob(pattern)
             matched = [name for name in points if regex.fullmatch(name)] or [
-                name for name, resolved in lens.items() if resolved.source is not None and regex.fullmatch(name)]
+                name for name, resolved in lens.items() if model.lens_offers(resolved, points) and regex.fullmatch(name)]
             if not matched:
                 raise ValueError(_unknown_name_message(pattern, points, lens).replace(
                     "unknown hook point", "no hook point matches"))
@@ -60,14 +60,14 @@ def source_of(model, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Where a name's values come from: our hook point `source`, whose tensor keeps its tokens on `token_axis`
-    (None: one value per sequence); each row's shape; and `compute`, for a TransformerLens name computed from
-    ours (a LayerNorm's scale), what turns [b, s, *ours] into [b, s, *row]."""
+    """Where a name's values come from: our hook point `source` (a TransformerLens name's: its norms' hook_scale
+    and hook_normalized are real opt-in points, computed while harvest listens), whose tensor keeps its tokens on
+    `token_axis` (None: one value per sequence), and each row's shape. Moving the token axis to the second place
+    is all TL's layouts ask (hook_q's heads and positions swapped)."""
 
     token_axis: int | None
     row_shape: tuple[int, ...]
     source: str
-    compute: Callable | None = dataclasses.field(default=None, compare=False)
 
 
 def layouts(model, names: list[str], positions: str, input_names: tuple[str, ...]) -> dict[str, Layout]:
@@ -91,15 +91,7 @@ def layouts(model, names: list[str], positions: str, input_names: tuple[str, ...
     result = {}
     for name, (source, axis) in sorted(found.items(), key=lambda item: reached.index(item[1][0])):
         row = tuple(s for i, s in enumerate(shapes[source]) if i not in (0, axis))
-        compute = None
-        if source != name and not model.lens_names()[name].editable:
-            resolved = model.lens_names()[name]
-
-            def compute(tokens, resolved=resolved):
-                return resolved.show(tokens, model, None)
-
-            row = tuple(compute(torch.zeros(1, *row, device=_device(model))).shape[1:])
-        result[name] = Layout(axis, row, source, compute)
+        result[name] = Layout(axis, row, source)
     return result
 
 
@@ -215,8 +207,7 @@ class Runner:
         tensor = cache[layout.source]
         if tensor.shape[0] != batch:  # declared per row, computed once for all (GPT-2's position embeddings)
             tensor = tensor.expand(batch, *tensor.shape[1:])
-        tensor = tensor if layout.token_axis is None else tensor.movedim(layout.token_axis, 1)
-        return tensor if layout.compute is None else layout.compute(tensor)
+        return tensor if layout.token_axis is None else tensor.movedim(layout.token_axis, 1)
 
     def _cache(self, inputs) -> dict[str, torch.Tensor]:
         if self.compiled is not None:

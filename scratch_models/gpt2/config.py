@@ -24,7 +24,7 @@ class GPT2Config(ModelConfig):
     scale_attn_weights: bool = True  # divide attention scores by sqrt(head_dim)
     scale_attn_by_inverse_layer_idx: bool = False  # and also by layer index + 1 (Stanford CRFM Mistral runs)
     bos_token_id: int | None = 50256
-    eos_token_id: int | None = 50256
+    eos_token_id: int | list | None = 50256  # several end tokens: any of them ends a text
     pad_token_id: int | None = None
     # the LM head scores against the token embeddings, wte (tied); false: it has a matrix of its own (lm_head)
     tie_word_embeddings: bool = True

@@ -51,8 +51,9 @@ class GPT2Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.embd_pdrop)
         self.out = HookPoint("b, s, h", "token + position embedding: the residual stream block 0 reads")
 
-    def forward(self, input_ids, position_ids):
-        return self.out(self.dropout(self.word(self.wte(input_ids)) + self.position(self.wpe(position_ids))))
+    def forward(self, input_ids, position_ids, inputs_embeds=None):
+        word = self.word(self.wte(input_ids) if inputs_embeds is None else inputs_embeds)
+        return self.out(self.dropout(word + self.position(self.wpe(position_ids))))
 
 
 class GPT2Attention(nn.Module):

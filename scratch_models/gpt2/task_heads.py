@@ -24,7 +24,7 @@ from ..decoder import add_lm_head
 from ..decoder_heads import QuestionAnswering, SequenceClassification, TokenClassification
 from ..generation import KVCache
 from ..hook_point import HookPoint
-from ..inputs import check_ids, check_mask
+from ..inputs import check_embeds, check_ids, check_mask, check_one_of
 from ..losses import cross_entropy
 from ..outputs import GPT2DoubleHeadsModelOutput
 from .config import GPT2Config
@@ -89,42 +89,50 @@ class GPT2DoubleHeadsModel(GPT2Model):
         self.multiple_choice_head = GPT2SequenceSummary(config)
         self.mc_logits = HookPoint("b, c", "each choice's score (the multiple-choice head at its mc_token_ids)")
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: KVCache | None = None,
-                use_cache: bool = False, output_hidden_states: bool = False, output_attentions: bool = False,
-                mc_token_ids=None, labels=None, mc_labels=None) -> GPT2DoubleHeadsModelOutput:
-        """input_ids [b, c, s]: c sequences per example; attention_mask [b, c, p + s] and position_ids [b, c, s]
-        likewise. The base model runs on the b·c sequences as one batch: its hook points, the cache,
-        `hidden_states` and `attentions` hold b·c rows, except the last hidden state, [b, c, s, h] (as
-        transformers returns them).
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                past_key_values: KVCache | None = None, use_cache: bool = False, output_hidden_states: bool = False,
+                output_attentions: bool = False, mc_token_ids=None, labels=None, mc_labels=None,
+                inputs_embeds=None) -> GPT2DoubleHeadsModelOutput:
+        """input_ids [b, c, s]: c sequences per example (or inputs_embeds [b, c, s, h] in their place, which
+        transformers' class fails on); attention_mask [b, c, p + s] and position_ids [b, c, s] likewise. The base
+        model runs on the b·c sequences as one batch: its hook points, the cache, `hidden_states` and `attentions`
+        hold b·c rows, except the last hidden state, [b, c, s, h] (as transformers returns them).
         `mc_token_ids` [b, c]: the position the multiple-choice head reads in each choice (default: the last;
         usually a classification token added for the purpose). `labels` [b, c, s]: the LM loss as
         GPT2LMHeadModel's, over every choice (-100 not scored); `mc_labels` [b]: the right choice, whose
         cross-entropy against mc_logits is `mc_loss`."""
         config = self.config
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3 or not input_ids.numel():
+        check_one_of(input_ids, inputs_embeds)
+        if inputs_embeds is not None:
+            shape = check_embeds(inputs_embeds, self.get_input_embeddings().weight, ("batch", "choices", "seq"))
+        elif not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3 or not input_ids.numel():
             got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be a non-empty 3-D tensor [batch, choices, seq], got {got}")
-        shape = tuple(input_ids.shape)
+        else:
+            shape = tuple(input_ids.shape)
+            # every argument is checked before the forward pass, which would extend a cache
+            check_ids("input_ids", input_ids, *self.table_size("input_ids"), shapes=(shape,))
         batch, choices, seq = shape
-        # every argument is checked before the forward pass, which would extend a cache
-        check_ids("input_ids", input_ids, *self.table_size("input_ids"), shapes=(shape,))
         past = past_key_values.length if isinstance(past_key_values, KVCache) else 0
         check_mask("attention_mask", attention_mask, (batch, choices, past + seq))
         if position_ids is not None:
             check_ids("position_ids", position_ids, *self.table_size("position_ids"), shapes=(shape,))
         if mc_token_ids is None:
-            mc_token_ids = torch.full((batch, choices), seq - 1, device=input_ids.device)
+            mc_token_ids = torch.full((batch, choices), seq - 1, device=(input_ids if input_ids is not None
+                                                                         else inputs_embeds).device)
         check_ids("mc_token_ids", mc_token_ids, seq, "the sequence length", shapes=((batch, choices),))
         if labels is not None:
             check_ids("labels", labels, config.vocab_size, "vocab_size", shapes=(shape,), ignore=-100)
         if mc_labels is not None:
             check_ids("mc_labels", mc_labels, choices, "the number of choices", shapes=((batch,),), ignore=-100)
 
-        def flat(t):  # [b, c, ...] -> [b·c, ...]
-            return None if t is None else t.reshape(batch * choices, -1)
+        def flat(t, *trailing):  # [b, c, ...] -> [b·c, ...]
+            return None if t is None else t.reshape(batch * choices, -1, *trailing)
 
         out = super().forward(flat(input_ids), flat(attention_mask), flat(position_ids), past_key_values, use_cache,
-                              output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              inputs_embeds=flat(inputs_embeds, inputs_embeds.shape[-1]) if inputs_embeds is not None
+                              else None)
         hidden = out.last_hidden_state.view(batch, choices, seq, -1)
         logits = self.logits(F.linear(hidden, self.output_embeddings))
         mc_logits = self.mc_logits(self.multiple_choice_head(hidden, mc_token_ids))

@@ -36,7 +36,7 @@ class GPTNeoXConfig(ModelConfig):
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     bos_token_id: int | None = 0
-    eos_token_id: int | None = 2
+    eos_token_id: int | list | None = 2  # several end tokens: any of them ends a text
     pad_token_id: int | None = None
     # untied: the LM head (embed_out) is a matrix of its own, as in every Pythia model
     tie_word_embeddings: bool = False

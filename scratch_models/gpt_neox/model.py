@@ -34,8 +34,8 @@ class GPTNeoXEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.out = HookPoint("b, s, h", "the token embedding after dropout: the residual stream layer 0 reads")
 
-    def forward(self, input_ids, position_ids):  # position_ids: not here; they rotate q and k in every layer
-        return self.out(self.dropout(self.word(self.embed_in(input_ids))))
+    def forward(self, input_ids, position_ids, inputs_embeds=None):  # position_ids: they rotate q and k instead
+        return self.out(self.dropout(self.word(self.embed_in(input_ids) if inputs_embeds is None else inputs_embeds)))
 
 
 class GPTNeoXAttention(nn.Module):

@@ -108,4 +108,5 @@ def config(config) -> dict:
                 parallel_attn_mlp=config.use_parallel_residual, tie_word_embeddings=config.tie_word_embeddings)
 
 
-TABLE = LensTable(HOOKS, WEIGHTS, config, summary=__doc__.split("\n\n", 1)[1].strip())
+# TransformerBridge's GPT-NeoX adapter prepends no BOS to text (Pythia was trained without one)
+TABLE = LensTable(HOOKS, WEIGHTS, config, summary=__doc__.split("\n\n", 1)[1].strip(), prepend_bos=False)

@@ -61,8 +61,14 @@ _SHOWN = {" ": "␣", "\n": "\\n", "\t": "\\t"}  # whitespace a label shows: GPT
 
 
 def token_label(token: str, width: int = 11) -> str:
-    """A token as one short line of text: spaces shown as ␣, newlines and tabs escaped, cut to `width` characters."""
-    return _fit([_SHOWN.get(c, c) for c in token], width)
+    """A token as one short line of text: spaces shown as ␣, newlines and tabs escaped, and every other control
+    character or line separator as its Python escape (a byte-level BPE has a token for each byte: a raw vertical tab
+    or carriage return would break the line), cut to `width` characters."""
+    return _fit([_SHOWN.get(c) or _one_line(c) for c in token], width)
+
+
+def _one_line(c: str) -> str:
+    return c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
 
 
 def picture_label(token: str, width: int = 11) -> str:
@@ -149,11 +155,11 @@ def page_file(name: str) -> str:
     return (resources.files(__package__) / "static" / name).read_text(encoding="utf-8")
 
 
-def script_json(data) -> str:
-    """`data` as JSON to put inside a <script> element: non-finite numbers become null, and every "<", ">" and "&"
-    a JSON unicode escape (JSON.parse reads back the same text), so no "</script>" or "<!--" in a token ends or
-    confuses the element."""
-    text = json.dumps(_finite(data), separators=(",", ":"), allow_nan=False)
+def script_json(data, finite: bool = False) -> str:
+    """`data` as JSON to put inside a <script> element: non-finite numbers become null (`finite`: the caller made
+    them so already; one left is still an error), and every "<", ">" and "&" a JSON unicode escape (JSON.parse reads
+    back the same text), so no "</script>" or "<!--" in a token ends or confuses the element."""
+    text = json.dumps(data if finite else _finite(data), separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

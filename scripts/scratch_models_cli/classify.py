@@ -36,9 +36,9 @@ def classify(model: str, text: str, *, pair: str | None = None, top_k: int | Non
     if kind == "span" and pair is None:
         raise ValueError(f"{name} answers a question from a context: give the question as the text and the "
                          "context as --pair")
-    if kind != "span":  # a question and its context are a pair in every family
-        opened.family.check_pairs(None if pair is None else [pair])
-    inputs, tokens = encode(opened, text, pair, names=["the text" + (" with --pair" if pair else "")])
+    # a question and its context are two segments in every family; other pairs need token types
+    inputs, tokens = encode(opened, text, pair, names=["the text" + (" with --pair" if pair else "")],
+                            context=kind == "span")
     ours = opened.load(head)
     with torch.no_grad():
         out = ours(**inputs)

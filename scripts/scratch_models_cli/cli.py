@@ -12,7 +12,7 @@ import sys
 from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
-from . import harvest_cmd
+from . import features_cmd, harvest_cmd
 from .common import at_least_one, check_writable_file
 from .targets import TARGETS
 
@@ -166,7 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="the original release's layout instead (BERT: `bert.` prefix, LayerNorm gamma/beta)")
 
+    p = commands.add_parser("tiny", help="write a small random model of a family, with a tokenizer, to try every "
+                                         "command offline")
+    p.add_argument("family", choices=list(FAMILIES), help="the family (config.json's model_type)")
+    p.add_argument("directory", help="new (or empty) directory to write")
+    p.add_argument("--class", dest="class_name", metavar="CLASS",
+                   help="the class to write, e.g. a classifier for `classify` (default: the family's LM: "
+                        f"{', '.join(family.lm.__name__ for family in FAMILIES.values())})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+
     harvest_cmd.add_parser(commands, MODEL)
+    features_cmd.add_parser(commands, MODEL)
 
     args = parser.parse_args(argv)
     if args.command == "inspect" and len(args.model_and_text) > 2:
@@ -177,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
                "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
-               "harvest": harvest_cmd.run}
+               "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run}
         return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
@@ -366,6 +376,13 @@ def _convert(args) -> int:
     from .convert import convert
 
     print(convert(args.source, args.destination, dtype=args.dtype, legacy=args.legacy))
+    return 0
+
+
+def _tiny(args) -> int:
+    from .tiny import tiny
+
+    print(tiny(args.family, args.directory, class_name=args.class_name, seed=args.seed))
     return 0
 
 

@@ -8,6 +8,7 @@ in the files it writes and in its errors.
 import contextlib
 import dataclasses
 import functools
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -15,10 +16,10 @@ from pathlib import Path
 import torch
 
 from scratch_models.analysis.heads import token_groups
-from scratch_models.families import family_of
+from scratch_models.families import FAMILIES, family_of, offline_advice
 from scratch_models.family import Family
 from scratch_models.tokenizer import SPECIAL_ROLES, Tokenizer
-from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, open_checkpoint
+from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, NotCached, open_checkpoint
 
 # a tokenizer needs one of these (the others beside it only configure it)
 TOKENIZER_VOCABULARIES = ("tokenizer.json", "vocab.txt", "vocab.json")
@@ -112,18 +113,38 @@ def open_model(source) -> Opened:
     if isinstance(source, Opened):
         return source
     source = str(source or EMBEDDED_NAME)
-    checkpoint = open_checkpoint(source)
+    try:
+        checkpoint = open_checkpoint(source)
+    except NotCached as e:  # no config.json to say the family: the hub id may
+        raise e.advised(offline_advice(family_named_by(e.repo_id))) from None
     family = family_of(checkpoint)
     return Opened(source, checkpoint, family, family.config_of(checkpoint))
 
 
+def family_named_by(repo_id: str) -> Family | None:
+    """The family a hub id reads as, without its config.json: the one whose pretrained checkpoint (lm_checkpoint)
+    has the same first word in its name (`EleutherAI/pythia-1b` as `EleutherAI/pythia-70m`, `gpt2-medium` as
+    `gpt2`), or whose name is a word of it (`gpt_neox` in `org/gpt_neox-tiny`); None when no family or several do."""
+    def name(hub_id: str) -> str:
+        return hub_id.rpartition("/")[2].lower()
+
+    def first_word(hub_id: str) -> str:
+        return re.split(r"[-_.]", name(hub_id))[0]
+
+    named = [family for family in FAMILIES.values() if first_word(repo_id) == first_word(family.lm_checkpoint)
+             or re.search(rf"(^|[-_.]){re.escape(family.name)}($|[-_.])", name(repo_id))]
+    return named[0] if len(named) == 1 else None
+
+
 def encode(opened: Opened, texts: str | list[str], pairs: str | list[str] | None = None, *, names: list[str],
-           device="cpu") -> tuple[dict, list[list[str]]]:
+           device="cpu", context: bool = False) -> tuple[dict, list[list[str]]]:
     """Texts (with `pairs`: sentence pairs) as the family's forward inputs, padded on the right, on `device`, and
     each row's tokens as text. One text is a str, its pair a str or None (an empty pair is none, as transformers
     reads one text); a batch is a list. `names[i]` is how a message names text i: one that gives no tokens, or
-    more than the model has positions for, is a ValueError naming it."""
-    opened.family.check_pairs([pairs] if isinstance(pairs, str) else pairs)
+    more than the model has positions for, is a ValueError naming it. Sentence pairs need a family with token
+    types; `context`: the pairs are a question's context, a second segment every family reads."""
+    if not context:
+        opened.family.check_pairs([pairs] if isinstance(pairs, str) else pairs)
     tokenizer = opened.require_tokenizer()
     batch = tokenizer(texts, pairs, device=device)
     for name, length in zip(names, batch["attention_mask"].sum(-1).tolist()):

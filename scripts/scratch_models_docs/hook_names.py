@@ -11,6 +11,8 @@ import torch
 from scratch_models import activation_cache
 from scratch_models.activation_cache import ActivationCache
 from scratch_models.analysis import lens_table
+from scratch_models.dictionaries import SAEConfig, build
+from scratch_models.dictionaries.splice import LENS_SUFFIXES
 from scratch_models.families import FAMILIES
 from scratch_models.lens_names import Alias, Missing
 from scratch_models.pretrained import PretrainedModel
@@ -79,7 +81,28 @@ n heads, d = h / n head size, m MLP width, V vocabulary. Hook points cost one at
 The attention `scores` and `probs` exist only on the explicit attention path: listening to either (or passing
 `output_attentions=True`) switches that call from the fused `scaled_dot_product_attention` to it.
 """
-    return intro + "\n" + "\n\n".join(sections) + "\n\n" + helpers_markdown() + "\n"
+    return "\n\n".join([intro.rstrip("\n"), *sections, dictionaries_markdown(), helpers_markdown()]) + "\n"
+
+
+def dictionaries_markdown() -> str:
+    """The hook points a dictionary adds where it is spliced in (scratch_models/dictionaries/splice.py), read from
+    one spliced into a tiny GPT-2, with their TransformerLens names."""
+    family = FAMILIES["gpt2"]
+    model = family.base(family.tiny())
+    hidden = family.tiny().n_embd
+    model.attach(build(SAEConfig(architecture="standard", d_in=hidden, d_sae=8, hook_name="layers.0.out")))
+    lines = ["## Dictionaries (SAEs) spliced in", "", """`model.attach(sae)` splices a sparse dictionary into the hook \
+point it was trained on (its `hook_name`: ours, TransformerLens' or a transformers module of the family's mapping
+table; scratch_models/dictionaries/splice.py), which then holds what goes on into the model: with the error term (the
+default) the model's own tensor, bitwise, until a feature is edited; with `error_term=False` the reconstruction.
+Under that point, `{hook}` below, it adds (f: the dictionary's d_sae features, i: its d_in):""", "",
+             "| name | tensor | TransformerLens' name |", "|---|---|---|"]
+    for name, doc in model.hook_docs().items():
+        if ".sae." in name:
+            point = name.rpartition(".")[2]
+            lines.append(f"| `{{hook}}.sae.{point}` | {_cell(doc)} | `{{TL name}}.{LENS_SUFFIXES[point]}` |")
+    lines.append("| `{hook}` | what goes on into the model: recons + error, or recons | `{TL name}.hook_sae_output` |")
+    return "\n".join(lines)
 
 
 def lens_markdown(family, model) -> str:
@@ -96,7 +119,7 @@ def lens_markdown(family, model) -> str:
         if isinstance(entry, Missing):
             ours, how = "", f"none: {entry.reason}"
         else:
-            sources = [_template(r.source, r.layer) for r in at if r.source]
+            sources = [_template(r.source, r.layer, len(model.layers)) for r in at if r.source]
             ours = ", then ".join(f"`{source}`" for source in dict.fromkeys(sources)) or "(not in every class)"
             how = entry.layout.note if isinstance(entry, Alias) else (
                 "the norm's opt-in point; a cache that did not name it computes it from the stream the norm reads")
@@ -108,10 +131,11 @@ def lens_markdown(family, model) -> str:
     return "\n".join(lines)
 
 
-def _template(name: str, layer: int | None) -> str:
-    """`layers.1.out` read at block 1 as `layers.{i}.out`, at block 1 from block 0 as `layers.{i-1}.out`."""
+def _template(name: str, layer: int | None, n_layers: int) -> str:
+    """`layers.1.out` read at block 1 as `layers.{i}.out`, at block 1 from block 0 as `layers.{i-1}.out`; read by a
+    name outside the blocks (TL's ln_final) from the last of `n_layers` as `layers.{n_layers-1}.out`."""
     if layer is None:
-        return name
+        return re.sub(rf"^layers\.{n_layers - 1}\.", "layers.{n_layers-1}.", name)
     name = re.sub(rf"^layers\.{layer}\.", "layers.{i}.", name)
     return re.sub(rf"^layers\.{layer - 1}\.", "layers.{i-1}.", name) if layer else name
 

@@ -1,33 +1,45 @@
 """Activation patching, batched: the identities (everything patched = the clean run, nothing = the corrupted run),
 batched = one forward at a time = a plain TransformerLens-style loop, attribution patching = the derivative, and
-the errors. Small odd models of both families, padded on either side, fused and explicit attention."""
+the errors. Small odd models of every registered family (its tiny config, from its declaration), padded on either
+side, fused and explicit attention; what only some families have (a pooler, causal attention) on those."""
 
 import copy
 
 import pytest
 import torch
 
-from scratch_models import BertConfig, BertForMaskedLM, BertModel, GPT2Config, GPT2LMHeadModel
 from scratch_models.analysis.metrics import LogitDiff, PoolerCosine, TokenLogit, TokenLogProb, last_positions, normalized
 from scratch_models.analysis.patching import (SWEEPS, Patch, activation_patching, attribution_patch,
                                               get_act_patch_attn_head_out_all_pos, get_act_patch_attn_head_out_by_pos,
                                               get_act_patch_block_every, get_act_patch_resid_pre, hook_name,
                                               prompt_rows, run_patches)
-from helpers import assert_parity, randomize_
+from scratch_models.families import FAMILIES
+from helpers import assert_parity, each_family, randomize_
 
 VOCAB, SEQ = 97, 7
-
+LAYERS = 2
+CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-def small(family: str, dtype=torch.float32):
+
+def small(family: str, dtype=torch.float32, cls: type | None = None):
+    """The family's LM (or `cls`) of its tiny config with a vocabulary of VOCAB, 16 positions and LAYERS layers,
+    weights redrawn large."""
+    declared = FAMILIES[family]
     torch.manual_seed(0)
-    if family == "bert":
-        model = BertForMaskedLM(BertConfig(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                                           intermediate_size=40, max_position_embeddings=16))
-    else:
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=48, n_layer=2, n_head=3))
-    return randomize_(model, 0.3).to(dtype).eval()
+    config = declared.tiny(vocab_size=VOCAB, **{declared.positions_field: 16, declared.table.layers_field: LAYERS})
+    return randomize_((cls or declared.lm)(config), 0.3).to(dtype).eval()
+
+
+def sweeps_of(model) -> list[str]:
+    """The sweeps the model's stream has: resid_mid only where a stream runs between attention and MLP."""
+    has_mid = model.family.stream(model).has_mid
+    return [name for name in SWEEPS if name != "resid_mid" or has_mid]
+
+
+def heads_of(model) -> int:
+    return model.layers[0].attn.num_heads
 
 
 def prompts(padding: str, seed: int):
@@ -54,7 +66,7 @@ def answer_metric(inputs):
     return TokenLogProb(torch.tensor([3, 5]), positions=last_positions(inputs["attention_mask"]))
 
 
-CASES = [(family, padding, path) for family in ("bert", "gpt2") for padding in ("none", "right", "left")
+CASES = [(family, padding, path) for family in FAMILIES for padding in ("none", "right", "left")
          for path in ("fused", "explicit")]
 
 
@@ -62,8 +74,9 @@ CASES = [(family, padding, path) for family in ("bert", "gpt2") for padding in (
 def test_patching_everything_gives_the_clean_run_and_nothing_the_corrupted_run(family, padding, path):
     model = small(family)
     clean, corrupted = with_path(prompts(padding, 1), path), with_path(prompts(padding, 2), path)
-    components = ("resid_pre", "resid_mid")
-    names = [hook_name(model, c, layer) for c in components for layer in range(2)] + ["layers.1.out"]
+    components = ("resid_pre", "resid_mid") if model.family.stream(model).has_mid else ("resid_pre",)
+    names = [hook_name(model, c, layer) for c in components for layer in range(LAYERS)]
+    names.append(hook_name(model, "resid_pre", LAYERS))  # the last layer's output
     # only these names: the clean run then takes the attention path the patched runs take (caching probs would not)
     clean_output, clean_cache = model.run_with_cache(**clean, names=names)
     corrupted_logits = all_logits(model(**corrupted)).detach()
@@ -81,7 +94,7 @@ def test_patching_everything_gives_the_clean_run_and_nothing_the_corrupted_run(f
 def naive_sweep(model, corrupted, clean_cache, metric, component, by_head=False):
     """TransformerLens' way: one forward per patch, writing the clean slice into a clone."""
     layers, seq = len(model.layers), corrupted["input_ids"].shape[1]
-    heads = model.layers[0].attn.num_heads
+    heads = heads_of(model)
     out = torch.zeros(layers, seq, heads) if by_head else torch.zeros(layers, seq)
     for layer in range(layers):
         name = hook_name(model, component, layer)
@@ -100,20 +113,24 @@ def naive_sweep(model, corrupted, clean_cache, metric, component, by_head=False)
     return out
 
 
-@pytest.mark.parametrize("family,padding,path", CASES)
+@each_family
+@pytest.mark.parametrize("padding,path", [("none", "fused"), ("right", "explicit"), ("left", "fused")])
 def test_batched_sweeps_equal_one_forward_at_a_time(family, padding, path):
+    """Every sweep the family has, in chunks of 10 against one patch per forward pass. Three of the six paddings
+    and paths per family (each case runs some 150 forward passes); the plain loop below takes two others."""
     model = small(family)
     clean, corrupted = with_path(prompts(padding, 1), path), with_path(prompts(padding, 2), path)
     _, clean_cache = model.run_with_cache(**clean)
     metric = answer_metric(corrupted)
-    for name, sweep in SWEEPS.items():
+    for name in sweeps_of(model):
+        sweep = SWEEPS[name]
         batched = sweep(model, corrupted, clean_cache, metric, batch_size=10)  # several chunks, one cut short
         alone = sweep(model, corrupted, clean_cache, metric, batch_size=1)
         assert (batched - alone).abs().max() <= 1e-5, name
 
 
-@pytest.mark.parametrize("family,padding,path", [("bert", "right", "fused"), ("bert", "left", "explicit"),
-                                                 ("gpt2", "left", "fused"), ("gpt2", "right", "explicit")])
+@each_family
+@pytest.mark.parametrize("padding,path", [("right", "fused"), ("left", "explicit")])
 def test_batched_sweeps_equal_a_plain_loop(family, padding, path):
     model = small(family)
     clean, corrupted = with_path(prompts(padding, 1), path), with_path(prompts(padding, 2), path)
@@ -127,12 +144,13 @@ def test_batched_sweeps_equal_a_plain_loop(family, padding, path):
     assert (by_head - naive_sweep(model, corrupted, clean_cache, metric, "z", by_head=True)).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("family", CAUSAL)
 @pytest.mark.parametrize("padding", ["none", "right", "left"])
-def test_patched_gpt2_runs_score_only_from_the_first_position_the_metric_reads(padding):
-    """GPT-2's LM head over every position is a third of a short patched run: with our token metrics the patched
-    runs keep the logits from the earliest position read on, and give what an opaque metric (every position
-    scored) gives."""
-    model = small("gpt2")
+def test_patched_causal_runs_score_only_from_the_first_position_the_metric_reads(family, padding):
+    """A causal LM's head over every position is a large share of a short patched run (a third of GPT-2's): with our
+    token metrics the patched runs keep the logits from the earliest position read on (logits_to_keep, which the
+    causal families take), and give what an opaque metric (every position scored) gives."""
+    model = small(family)
     clean, corrupted = prompts(padding, 1), prompts(padding, 2)
     _, clean_cache = model.run_with_cache(**clean)
     metric = answer_metric(corrupted)
@@ -152,19 +170,21 @@ def test_patched_gpt2_runs_score_only_from_the_first_position_the_metric_reads(p
     assert (SEQ - first_read) == (3 if padding == "right" else 1)
 
 
+@pytest.mark.parametrize("family", CAUSAL)
 @pytest.mark.parametrize("path", ["fused", "explicit"])
-def test_patches_that_change_nothing_are_not_run(path):
-    """GPT-2 prompts that differ from position 4 on: before it, clean and corrupted activations are the same, so
+def test_patches_that_change_nothing_are_not_run(family, path):
+    """Causal prompts that differ from position 4 on: before it, clean and corrupted activations are the same, so
     those patches are the corrupted run, taken without a forward pass of their own."""
-    model = small("gpt2")
+    model = small(family)
     clean = with_path(prompts("none", 1), path)
     corrupted = {**clean, "input_ids": clean["input_ids"].clone()}
     corrupted["input_ids"][:, 4:] = (corrupted["input_ids"][:, 4:] + 1) % VOCAB
     # the residual stream alone, so the clean run takes the attention path the patched runs take
-    _, clean_cache = model.run_with_cache(**clean, names=["embeddings.out", "layers.0.out"])
+    names = [hook_name(model, "resid_pre", layer) for layer in range(LAYERS)]
+    _, clean_cache = model.run_with_cache(**clean, names=names)
     metric = answer_metric(corrupted)
     rows = []
-    with model.hooks([("embeddings.out", lambda x, _: rows.append(x.shape[0]))]):
+    with model.hooks([(names[0], lambda x, _: rows.append(x.shape[0]))]):
         values = get_act_patch_resid_pre(model, corrupted, clean_cache, metric)
     with torch.no_grad():
         unpatched = metric(model(**corrupted)).double().mean()
@@ -173,24 +193,27 @@ def test_patches_that_change_nothing_are_not_run(path):
     assert (values[:, 4:] != unpatched).all()
 
 
-def test_sweep_shapes_follow_transformer_lens():
-    model = small("gpt2")
+@each_family
+def test_sweep_shapes_follow_transformer_lens(family):
+    model = small(family)
+    heads = heads_of(model)
     clean, corrupted = prompts("none", 1), prompts("none", 2)
     _, clean_cache = model.run_with_cache(**clean)
     metric = answer_metric(corrupted)
-    assert get_act_patch_resid_pre(model, corrupted, clean_cache, metric).shape == (2, SEQ)
-    assert get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, metric).shape == (2, SEQ, 3)
+    assert get_act_patch_resid_pre(model, corrupted, clean_cache, metric).shape == (LAYERS, SEQ)
+    assert get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, metric).shape == (LAYERS, SEQ, heads)
     all_pos = get_act_patch_attn_head_out_all_pos(model, corrupted, clean_cache, metric)
-    assert all_pos.shape == (2, 3)
+    assert all_pos.shape == (LAYERS, heads)
     every = get_act_patch_block_every(model, corrupted, clean_cache, metric)
-    assert every.shape == (3, 2, SEQ)
+    assert every.shape == (3, LAYERS, SEQ)
     assert torch.equal(every[0], get_act_patch_resid_pre(model, corrupted, clean_cache, metric))
     # input_ids alone are the unpadded prompts; the first layer's residual at every position restores the clean run
     ids_only = get_act_patch_resid_pre(model, corrupted["input_ids"], clean_cache, metric)
     assert torch.equal(ids_only, every[0])
 
 
-@pytest.mark.parametrize("family,padding", [(f, p) for f in ("bert", "gpt2") for p in ("right", "left")])
+@each_family
+@pytest.mark.parametrize("padding", ["right", "left"])
 def test_attribution_patching_is_the_derivative_of_patching(family, padding):
     """Each estimate is d/dt metric(corrupted + t (clean - corrupted) at that patch) at t = 0: central
     differences through the batched engine, in float64."""
@@ -201,11 +224,12 @@ def test_attribution_patching_is_the_derivative_of_patching(family, padding):
     _, clean_cache = model.run_with_cache(**clean)
     _, corrupted_cache = model.run_with_cache(**corrupted)
     eps = 1e-5
+    heads = heads_of(model)
     for component, estimate in estimates.items():
-        names = [hook_name(model, component, layer) for layer in range(2)]
+        names = [hook_name(model, component, layer) for layer in range(LAYERS)]
         if component == "z":  # one head at one position: [layers, positions, heads]
-            where = [(name, (torch.arange(3)[:, None] == h) & (torch.arange(SEQ) == p)) for name in names
-                     for p in range(SEQ) for h in range(3)]
+            where = [(name, (torch.arange(heads)[:, None] == h) & (torch.arange(SEQ) == p)) for name in names
+                     for p in range(SEQ) for h in range(heads)]
             where = [(name, w[..., None]) for name, w in where]
         else:
             where = [(name, (torch.arange(SEQ) == p)[:, None]) for name in names for p in range(SEQ)]
@@ -220,8 +244,9 @@ def test_attribution_patching_is_the_derivative_of_patching(family, padding):
         assert (derivative - estimate).abs().max() <= 1e-6 * (1 + estimate.abs().max()), component
 
 
-def test_attribution_needs_no_trainable_weights_and_no_grad_mode_outside():
-    model = small("gpt2").requires_grad_(False)
+@each_family
+def test_attribution_needs_no_trainable_weights_and_no_grad_mode_outside(family):
+    model = small(family).requires_grad_(False)
     clean, corrupted = prompts("none", 1), prompts("none", 2)
     with torch.no_grad():
         estimates = attribution_patch(model, clean, corrupted, answer_metric(corrupted), components=("resid_pre",))
@@ -230,7 +255,7 @@ def test_attribution_needs_no_trainable_weights_and_no_grad_mode_outside():
         attribution_patch(model, clean, corrupted, answer_metric(corrupted), components=("resid_pre",))
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@each_family
 def test_activation_patching_gathers_every_sweep_and_normalises(family):
     model = small(family)
     clean, corrupted = prompts("right", 1), prompts("right", 2)
@@ -239,11 +264,12 @@ def test_activation_patching_gathers_every_sweep_and_normalises(family):
     with torch.no_grad():
         assert result.clean_metric == pytest.approx(float(metric(model(**clean)).double().mean()), abs=1e-6)
         assert result.corrupted_metric == pytest.approx(float(metric(model(**corrupted)).double().mean()), abs=1e-6)
-    assert set(result.patched) == set(SWEEPS) == set(result.attribution)
+    assert list(result.patched) == sweeps_of(model) == list(result.attribution)
     for name, values in result.patched.items():
         assert result.attribution[name].shape == values.shape, name
     # the first layer's residual stream at every position is the whole clean prompt; at one position, its token
-    clean_cache = model.run_with_cache(**clean, names=["embeddings.out", "layers.0.out"])[1]
+    names = [hook_name(model, "resid_pre", layer) for layer in range(LAYERS)]
+    clean_cache = model.run_with_cache(**clean, names=names)[1]
     assert torch.equal(result.patched["resid_pre"], get_act_patch_resid_pre(model, corrupted, clean_cache, metric))
     scores = result.normalized(result.patched["resid_pre"])
     assert torch.allclose(scores, (result.patched["resid_pre"] - result.corrupted_metric)
@@ -283,11 +309,12 @@ def test_patching_png_draws_the_heads_of_largest_effect_by_position(tmp_path):
         assert image.size[1] == every_head_height - (layers * heads - TOP_HEADS) * 28
 
 
-def test_bfloat16_patching_writes_in_the_model_dtype():
-    model = small("gpt2", torch.bfloat16)
+@each_family
+def test_bfloat16_patching_writes_in_the_model_dtype(family):
+    model = small(family, torch.bfloat16)
     clean, corrupted = prompts("left", 1), prompts("left", 2)
     clean_output, clean_cache = model.run_with_cache(**clean)
-    everything = [Patch("layers.0.out", torch.ones(1, dtype=torch.bool))]
+    everything = [Patch(hook_name(model, "resid_pre", 1), torch.ones(1, dtype=torch.bool))]
     values = run_patches(model, corrupted, everything, clean_cache, all_logits, vector_metric=True)
     reference = all_logits(clean_output).double()
     assert (values[0] - reference).abs().max() <= 0.02 * (1 + reference.abs().max())
@@ -295,23 +322,25 @@ def test_bfloat16_patching_writes_in_the_model_dtype():
     assert torch.isfinite(resid).all()
 
 
-def test_prompt_rows_cuts_every_field():
-    model = small("gpt2")
+@each_family
+def test_prompt_rows_cuts_every_field(family):
+    model = small(family)
     inputs = prompts("right", 1)
     output = model(**{key: value.repeat(3, 1) for key, value in inputs.items()}, output_attentions=True,
                    output_hidden_states=True)
     rows = prompt_rows(output, 2, 4)
     alone = model(**inputs, output_attentions=True, output_hidden_states=True)
     assert rows.logits.shape == alone.logits.shape
-    assert len(rows.attentions) == 2 and rows.attentions[0].shape == alone.attentions[0].shape
+    assert len(rows.attentions) == LAYERS and rows.attentions[0].shape == alone.attentions[0].shape
     assert torch.allclose(rows.hidden_states[-1], alone.hidden_states[-1], atol=1e-5)
     with pytest.raises(ValueError, match="loss is one value for the whole batch"):
         prompt_rows(model(**inputs, labels=inputs["input_ids"]), 0, 1)
 
 
-def test_pooler_cosine_is_one_on_the_clean_run():
-    model = randomize_(BertModel(BertConfig(vocab_size=VOCAB, hidden_size=48, num_hidden_layers=2,
-                                            num_attention_heads=3, intermediate_size=40)), 0.3).eval()
+@pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if "pooler.out" in family.output_fields])
+def test_pooler_cosine_is_one_on_the_clean_run(family):
+    """The families whose base model has a pooler (BERT's)."""
+    model = small(family, cls=FAMILIES[family].base)
     clean, corrupted = prompts("right", 1), prompts("right", 2)
     metric = PoolerCosine(model(**clean).pooler_output.detach())
     result = activation_patching(model, clean, corrupted, metric, sweeps=["resid_pre"], attribution=False)
@@ -322,8 +351,9 @@ def test_pooler_cosine_is_one_on_the_clean_run():
 
 # ---------- errors ----------
 
-def test_refuses_prompts_of_different_lengths_naming_both():
-    model = small("gpt2")
+@each_family
+def test_refuses_prompts_of_different_lengths_naming_both(family):
+    model = small(family)
     clean, corrupted = prompts("none", 1), {"input_ids": torch.randint(VOCAB, (2, 9))}
     with pytest.raises(ValueError, match="clean prompt is 7 tokens long and the corrupted one 9"):
         activation_patching(model, clean, corrupted, answer_metric(clean))
@@ -336,8 +366,9 @@ def test_refuses_prompts_of_different_lengths_naming_both():
         get_act_patch_resid_pre(model, torch.randint(VOCAB, (3, SEQ)), dict(clean_cache), TokenLogit(3, positions=-1))
 
 
-def test_refuses_prompts_padded_differently():
-    model = small("bert")
+@each_family
+def test_refuses_prompts_padded_differently(family):
+    model = small(family)
     clean, corrupted = prompts("right", 1), prompts("left", 2)
     with pytest.raises(ValueError, match="attention_mask differ \\(first in prompt 1\\)"):
         activation_patching(model, clean, corrupted, answer_metric(corrupted))
@@ -349,11 +380,12 @@ def test_refuses_prompts_padded_differently():
     assert get_act_patch_resid_pre(model, corrupted, plain, answer_metric(corrupted)).shape == (2, SEQ)
 
 
-def test_a_metric_of_one_number_for_the_batch_is_taken_as_transformer_lens_takes_it():
+@each_family
+def test_a_metric_of_one_number_for_the_batch_is_taken_as_transformer_lens_takes_it(family):
     """TL's patching metrics average over the prompts themselves: their number is each patch's value (for a mean,
     the per-prompt sweep's mean); its attribution estimate sums the prompts' shares instead of averaging them.
     Neither a shape per prompt but the wrong one, nor a float, is taken."""
-    model = small("gpt2")
+    model = small(family)
     clean, corrupted = prompts("none", 1), prompts("none", 2)
     _, clean_cache = model.run_with_cache(**clean)
     per_prompt = answer_metric(corrupted)
@@ -368,12 +400,15 @@ def test_a_metric_of_one_number_for_the_batch_is_taken_as_transformer_lens_takes
         get_act_patch_resid_pre(model, corrupted, clean_cache, lambda out: 1.0)
 
 
-def test_other_refusals():
-    model = small("gpt2")
+@each_family
+def test_other_refusals(family):
+    model = small(family)
+    first, second = hook_name(model, "resid_pre", 0), hook_name(model, "resid_pre", 1)
     clean, corrupted = prompts("none", 1), prompts("none", 2)
-    _, clean_cache = model.run_with_cache(**clean, names=["embeddings.out"])
+    _, clean_cache = model.run_with_cache(**clean, names=[first])
+    hidden = clean_cache[first].shape[-1]
     metric = answer_metric(corrupted)
-    with pytest.raises(ValueError, match="clean_cache has no 'layers.0.out'"):
+    with pytest.raises(ValueError, match=f"clean_cache has no '{second}'"):
         get_act_patch_resid_pre(model, corrupted, clean_cache, metric)
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         get_act_patch_resid_pre(model, corrupted, clean_cache, metric, batch_size=0)
@@ -386,21 +421,21 @@ def test_other_refusals():
     with pytest.raises(ValueError, match="unknown sweep nope"):
         activation_patching(model, clean, corrupted, metric, sweeps=["nope"])
     with pytest.raises(ValueError, match="where must be bool"):
-        run_patches(model, corrupted, [Patch("embeddings.out", torch.ones(1))], clean_cache, metric)
-    with pytest.raises(ValueError, match="does not broadcast to embeddings.out"):
-        run_patches(model, corrupted, [Patch("embeddings.out", torch.ones(3, 1, dtype=torch.bool))], clean_cache,
-                    metric)
-    with pytest.raises(ValueError, match=r"sources\['embeddings.out'\] has shape \(2, 9, 48\)"):
-        run_patches(model, corrupted, [Patch("embeddings.out", torch.ones(1, dtype=torch.bool))],
-                    {"embeddings.out": torch.zeros(2, 9, 48)}, metric)
-    with pytest.raises(ValueError, match="no source for hook point 'layers.0.out'"):
-        run_patches(model, corrupted, [Patch("layers.0.out", torch.ones(1, dtype=torch.bool))], clean_cache, metric)
+        run_patches(model, corrupted, [Patch(first, torch.ones(1))], clean_cache, metric)
+    with pytest.raises(ValueError, match=f"does not broadcast to {first}"):
+        run_patches(model, corrupted, [Patch(first, torch.ones(3, 1, dtype=torch.bool))], clean_cache, metric)
+    with pytest.raises(ValueError, match=rf"sources\['{first}'\] has shape \(2, 9, {hidden}\)"):
+        run_patches(model, corrupted, [Patch(first, torch.ones(1, dtype=torch.bool))],
+                    {first: torch.zeros(2, 9, hidden)}, metric)
+    with pytest.raises(ValueError, match=f"no source for hook point '{second}'"):
+        run_patches(model, corrupted, [Patch(second, torch.ones(1, dtype=torch.bool))], clean_cache, metric)
     with pytest.raises(ValueError, match="input_ids"):
         run_patches(model, {"attention_mask": corrupted["attention_mask"]}, [], clean_cache, metric)
 
 
-def test_metric_refusals():
-    model = small("gpt2")
+@each_family
+def test_metric_refusals(family):
+    model = small(family)
     output = model(**prompts("none", 1))
     assert torch.equal(TokenLogit(3)(output), output.logits[:, -1, 3])  # no positions: the last
     with pytest.raises(ValueError, match=r"positions \[9, 9\] out of range for 7 positions"):
@@ -410,7 +445,7 @@ def test_metric_refusals():
     with pytest.raises(ValueError, match=r"answer has shape \(3,\): give one int, or one per prompt \(2\)"):
         LogitDiff([1, 2, 3], 4, positions=-1)(output)
     with pytest.raises(ValueError, match="has no pooler_output"):
-        PoolerCosine(torch.zeros(2, 48))(output)
+        PoolerCosine(torch.zeros(2, 48))(output)  # an LM's output has none
     with pytest.raises(ValueError, match="nothing to restore"):
         normalized(torch.ones(2), 1.5, 1.5)
 

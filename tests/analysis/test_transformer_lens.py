@@ -534,8 +534,9 @@ def test_patching_metrics_get_the_logits_and_logit_diff_reads_the_last_position(
 
 
 def test_tl_defaults_leave_generation_and_a_base_model_as_they_were(tiny_gpt2):
-    """Our own calls inside (generate's decoding steps) ask for the output object whatever the default; a base
-    model, with no logits to return, keeps returning its output."""
+    """Our own calls inside (generate's decoding steps) ask for the output object whatever the default (generate's
+    own defaults become TransformerLens', tested in test_lens_second_day.py); a base model, with no logits to
+    return, keeps returning its output."""
     from weight_mapping import embedded_checkpoint
 
     directory, _, _ = tiny_gpt2
@@ -543,8 +544,8 @@ def test_tl_defaults_leave_generation_and_a_base_model_as_they_were(tiny_gpt2):
     ours = GPT2LMHeadModel.from_pretrained(directory)
     ids = lens.to_tokens("Once upon a time")
     with torch.no_grad():
-        assert torch.equal(lens.generate(ids, max_new_tokens=4, eos_token_id=None),
-                           ours.generate(ids, max_new_tokens=4, eos_token_id=None))
+        assert torch.equal(lens.generate(ids, max_new_tokens=4, eos_token_id=None, do_sample=False),
+                           ours.generate(ids, max_new_tokens=4, eos_token_id=None, do_sample=False))
         base = BertModel.from_pretrained(embedded_checkpoint(), transformer_lens=True)
         assert base("Time flies").last_hidden_state.shape == (1, 4, 384)
         with pytest.raises(ValueError, match="BaseModelOutputWithPooling has no logits"):

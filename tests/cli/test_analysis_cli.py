@@ -8,9 +8,12 @@ import torch
 import transformers
 from PIL import Image
 
+from scratch_models.families import FAMILIES
 from scratch_models_cli.cli import main
 from weight_mapping import embedded_checkpoint
 from helpers import randomize_
+
+CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
 
 MINILM = "minilm"  # the embedded real all-MiniLM-L6-v2, offline
 
@@ -63,10 +66,14 @@ def test_heads_on_real_minilm_scores_the_pooler_and_finds_cls_heads(tmp_path, ca
     assert ranked[3].startswith("rank") and len(ranked) == 4 + 72
 
 
-def test_heads_targets_of_each_head(tmp_path, capsys, checkpoints):
-    code, stdout, _ = run(capsys, "heads", checkpoints["gpt2"], "The meaning of life is", "Once upon a time",
+@pytest.mark.parametrize("family", CAUSAL)
+def test_heads_target_of_a_causal_lm_is_its_own_next_token(tmp_path, capsys, family_checkpoints, family):
+    code, stdout, _ = run(capsys, "heads", family_checkpoints[family], "The meaning of life is", "Once upon a time",
                           "--out", str(tmp_path / "g"))
     assert code == 0 and "target next-token logit of" in stdout and "(the model's own prediction)" in stdout
+
+
+def test_heads_targets_of_each_bert_head(tmp_path, capsys, checkpoints):
     code, stdout, _ = run(capsys, "heads", checkpoints["mlm"], "the cat [MASK] on the mat.", "--answer", "sat",
                           "--out", str(tmp_path / "m"))
     assert code == 0 and "target MLM log-probability of 'sat'" in stdout
@@ -97,8 +104,12 @@ def test_patch_writes_every_sweep(tmp_path, capsys, checkpoints):
         assert image.size[1] > image.size[0]
 
 
-def test_patch_defaults_to_the_two_runs_predictions(tmp_path, capsys, checkpoints, tiny_gpt2):
-    _, tokenizer, reference = tiny_gpt2
+@pytest.mark.parametrize("family", CAUSAL)
+def test_patch_defaults_to_the_two_runs_predictions(tmp_path, capsys, family_checkpoints, family):
+    """A causal LM's patch with no --answer: the clean run's next token against the corrupted run's."""
+    directory = family_checkpoints[family]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    reference = getattr(transformers, FAMILIES[family].lm.__name__).from_pretrained(directory).eval()
     clean = "The meaning of life is"
 
     def top(text):
@@ -109,7 +120,7 @@ def test_patch_defaults_to_the_two_runs_predictions(tmp_path, capsys, checkpoint
                                        "The cat of life is", "A meaning of life is")
                      if len(tokenizer(text)["input_ids"]) == len(tokenizer(clean)["input_ids"])
                      and top(text) != top(clean))
-    code, stdout, _ = run(capsys, "patch", checkpoints["gpt2"], "--clean", clean, "--corrupted", corrupted,
+    code, stdout, _ = run(capsys, "patch", directory, "--clean", clean, "--corrupted", corrupted,
                           "--out", str(tmp_path / "p"))
     assert code == 0, stdout
     words = [tokenizer.decode([top(text)]) for text in (clean, corrupted)]

@@ -1,7 +1,7 @@
 """Every command on every registered family, from its declaration alone: a small random LM of the family's tiny
-config with a tokenizer (a byte-level BPE trained on the spot for a causal family, MiniLM's WordPiece for a masked
-one), run through `scratch-models` as a user would. A family registered in scratch_models.families is covered
-here with no edit."""
+config with a tokenizer (conftest's family_checkpoints: a byte-level BPE trained on the spot for a causal family,
+MiniLM's WordPiece for a masked one), run through `scratch-models` as a user would. A family registered in
+scratch_models.families is covered here with no edit."""
 
 import json
 
@@ -10,43 +10,14 @@ import torch
 import transformers
 from PIL import Image
 
-from helpers import byte_level_bpe, reference, save
+from helpers import reference, save
 from scratch_models.families import FAMILIES
 from scratch_models_cli.cli import main
-from weight_mapping import embedded_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TEXTS = ("The meaning of life is to learn", "Once upon a time there lived a cat")
 CLEAN, CORRUPTED = "The meaning of life is", "The meaning of time is"
-
-
-def bpe_tokenizer(directory):
-    """A byte-level BPE of 300 ids with an end-of-text token, trained on the texts, as GPT-2's and Pythia's are."""
-    tokenizer = byte_level_bpe([*TEXTS, CLEAN, CORRUPTED] * 5, 300)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
-    fast.save_pretrained(directory)
-    return fast
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """family -> a directory holding its LM (random, large weights) and a tokenizer."""
-    out = {}
-    for name, family in FAMILIES.items():
-        directory = tmp_path_factory.mktemp(name)
-        if family.causal:
-            tokenizer = bpe_tokenizer(directory)
-            eos = tokenizer.eos_token_id
-            changes = dict(vocab_size=len(tokenizer), bos_token_id=eos, eos_token_id=eos)
-        else:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(embedded_checkpoint())
-            tokenizer.save_pretrained(directory)
-            changes = dict(vocab_size=tokenizer.vocab_size)
-        changes[family.positions_field] = 64
-        save(reference(name, **changes), directory)
-        out[name] = str(directory)
-    return out
 
 
 def run(capsys, *argv):
@@ -60,8 +31,8 @@ def each(test):
 
 
 @each
-def test_verify_passes_on_the_texts_and_on_every_compared_row(capsys, checkpoints, family, tmp_path):
-    code, out, err = run(capsys, "verify", checkpoints[family], "--text", TEXTS[0], "--text", TEXTS[1][:20],
+def test_verify_passes_on_the_texts_and_on_every_compared_row(capsys, family_checkpoints, family, tmp_path):
+    code, out, err = run(capsys, "verify", family_checkpoints[family], "--text", TEXTS[0], "--text", TEXTS[1][:20],
                          "--json", tmp_path / "report.json")
     assert code == 0, out + err
     report = json.loads((tmp_path / "report.json").read_text())
@@ -72,8 +43,8 @@ def test_verify_passes_on_the_texts_and_on_every_compared_row(capsys, checkpoint
 
 
 @each
-def test_inspect_writes_the_page_and_the_pictures(capsys, checkpoints, family, tmp_path):
-    code, out, err = run(capsys, "inspect", checkpoints[family], TEXTS[0], "--out", tmp_path, "--layer", "1",
+def test_inspect_writes_the_page_and_the_pictures(capsys, family_checkpoints, family, tmp_path):
+    code, out, err = run(capsys, "inspect", family_checkpoints[family], TEXTS[0], "--out", tmp_path, "--layer", "1",
                          "--head", "2")
     assert code == 0, out + err
     assert {"attention.html", "attention_grid.png", "head_L1_H2.png", "summary.json"} <= {
@@ -85,9 +56,9 @@ def test_inspect_writes_the_page_and_the_pictures(capsys, checkpoints, family, t
 
 
 @each
-def test_lens_reads_every_layer_with_the_models_own_head(capsys, checkpoints, family, tmp_path):
+def test_lens_reads_every_layer_with_the_models_own_head(capsys, family_checkpoints, family, tmp_path):
     text = TEXTS[0] if FAMILIES[family].causal else "the cat [MASK] on the mat."
-    code, out, err = run(capsys, "lens", checkpoints[family], text, "--out", tmp_path)
+    code, out, err = run(capsys, "lens", family_checkpoints[family], text, "--out", tmp_path)
     assert code == 0, out + err
     data = json.loads((tmp_path / "lens.json").read_text())
     assert [layer["label"] for layer in data["layers"]] == ["0_pre", "1_pre", "final_post"]
@@ -95,17 +66,17 @@ def test_lens_reads_every_layer_with_the_models_own_head(capsys, checkpoints, fa
 
 
 @each
-def test_heads_and_patch_run_on_the_models_own_target(capsys, checkpoints, family, tmp_path):
+def test_heads_and_patch_run_on_the_models_own_target(capsys, family_checkpoints, family, tmp_path):
     causal = FAMILIES[family].causal
     texts = TEXTS if causal else ("the cat [MASK] on the mat.", "a dog [MASK] in the park.")
-    code, out, err = run(capsys, "heads", checkpoints[family], *texts, "--out", tmp_path / "heads")
+    code, out, err = run(capsys, "heads", family_checkpoints[family], *texts, "--out", tmp_path / "heads")
     assert code == 0, out + err
     data = json.loads((tmp_path / "heads" / "heads.json").read_text())
     model = FAMILIES[family].base.from_pretrained(checkpoints[family])  # its heads: the family's tiny config's
     assert (data["num_layers"], data["num_heads"]) == (len(model.layers), model.layers[0].attn.num_heads)
     clean, corrupted = (CLEAN, CORRUPTED) if causal else ("the cat [MASK] on the mat.", "the dog [MASK] on the mat.")
     # single tokens in both vocabularies (a random model's own two predictions may well be one token)
-    code, out, err = run(capsys, "patch", checkpoints[family], "--clean", clean, "--corrupted", corrupted,
+    code, out, err = run(capsys, "patch", family_checkpoints[family], "--clean", clean, "--corrupted", corrupted,
                          "--answer", "a", "--wrong", "b", "--out", tmp_path / "patch")
     assert code == 0, out + err
     patched = json.loads((tmp_path / "patch" / "patching.json").read_text())["patched"]
@@ -113,19 +84,22 @@ def test_heads_and_patch_run_on_the_models_own_target(capsys, checkpoints, famil
 
 
 @pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if family.causal])
-def test_generate_continues_the_prompt_as_transformers_does(capsys, checkpoints, family):
-    directory = checkpoints[family]
-    code, out, err = run(capsys, "generate", directory, CLEAN, "--max-new-tokens", "6")
+def test_generate_continues_the_prompt_as_transformers_does(capsys, family_checkpoints, family):
+    """The printed text is transformers' greedy continuation, the prompt first."""
+    directory = family_checkpoints[family]
+    code, out, err = run(capsys, "generate", directory, CLEAN, "--max-new-tokens", "12")
     assert code == 0, err
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     theirs = getattr(transformers, FAMILIES[family].lm.__name__).from_pretrained(directory).eval()
     ids = tokenizer(CLEAN, return_tensors="pt")["input_ids"]
-    expected = theirs.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    assert out.strip() == tokenizer.decode(expected[0]).strip()
+    expected = theirs.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    printed = out.strip()
+    assert printed == tokenizer.decode(expected[0], skip_special_tokens=True).strip()
+    assert printed.startswith(CLEAN) and len(printed) > len(CLEAN)
 
 
 @each
-def test_classify_reads_each_sequence_classifier_as_transformers_does(capsys, checkpoints, family, tmp_path):
+def test_classify_reads_each_sequence_classifier_as_transformers_does(capsys, family_checkpoints, family, tmp_path):
     """Every class the family declares as a classifier of labels: the printed labels and probabilities are
     transformers' softmax over its logits, best first."""
     labels = {0: "negative", 1: "neutral", 2: "positive"}
@@ -133,7 +107,7 @@ def test_classify_reads_each_sequence_classifier_as_transformers_does(capsys, ch
         if kind != "labels":
             continue
         directory = tmp_path / name
-        tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoints[family])
+        tokenizer = transformers.AutoTokenizer.from_pretrained(family_checkpoints[family])
         tokenizer.save_pretrained(directory)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         theirs = reference(family, name, attention="sdpa", vocab_size=len(tokenizer), id2label=labels,

@@ -13,7 +13,7 @@ import torch
 import transformers
 from PIL import Image, ImageStat
 
-from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
+from scratch_models import BertModel, GPT2LMHeadModel
 from scratch_models.parts import attention as attention_module
 from scratch_models.analysis.heads import attention_summary, token_groups
 from scratch_models.views.attention_page import AttentionPage
@@ -26,7 +26,7 @@ from scratch_models.families import FAMILIES
 from scratch_models_docs.hook_names import hook_names_markdown
 from scratch_models_cli.verify import at_sighted
 from weight_mapping import embedded_checkpoint
-from helpers import LOGITS_ATOL, assert_parity, randomize_, sighted
+from helpers import LOGITS_ATOL, assert_parity, each_family, padded_batch, reference, save, sighted
 
 MINILM = embedded_checkpoint()
 REPO = Path(__file__).resolve().parents[2]
@@ -51,11 +51,13 @@ def check_output_fields(family: str, cache: dict, reference_out, num_layers: int
     """Every equality docs/hook_names.md claims (each family's output_fields) holds against transformers' outputs, at the queries
     marked in `seen` [b, s] (None: everywhere), located through the hook points' `dims`."""
     fields = {k: v for k, v in reference_out.items() if v is not None}
+    declared = FAMILIES[family].output_fields
+    final_norm = "hidden_states[-1]" in declared.values()  # transformers puts it in the last layer's place
     checked = 0
-    for pattern, expression in FAMILIES[family].output_fields.items():
+    for pattern, expression in declared.items():
         for i in range(num_layers) if "{i}" in pattern else [None]:
-            if family == "gpt2" and pattern == "layers.{i}.out" and i == num_layers - 1:
-                continue  # transformers puts ln_f in the last block's place, as the page says
+            if final_norm and pattern == "layers.{i}.out" and i == num_layers - 1:
+                continue  # as the page says
             name = pattern.format(i=i)
             if name not in cache or expression.split("[")[0] not in fields:
                 continue
@@ -81,39 +83,25 @@ def test_minilm_cache_equals_transformers_at_every_documented_point(minilm):
     assert torch.equal(out.last_hidden_state, cache["layers.5.out"])
 
 
-def test_bert_mlm_logits_in_cache_equal_transformers(tmp_path):
-    config = transformers.BertConfig(vocab_size=101, hidden_size=45, num_hidden_layers=2, num_attention_heads=5,
-                                     intermediate_size=37, type_vocab_size=2)
-    reference = randomize_(transformers.BertForMaskedLM._from_config(config, attn_implementation="eager"), 0.3)
-    reference.save_pretrained(tmp_path)
-    model = BertForMaskedLM.from_pretrained(tmp_path)
-    ids = torch.randint(101, (2, 9), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids).index_fill_(1, torch.tensor([7, 8]), 0)
-    with torch.no_grad():
-        _, cache = model.run_with_cache(ids, attention_mask=mask)
-        ref = reference.eval()(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-    # embeddings.out, 2 x probs, 2 x layer output, logits
-    assert check_output_fields("bert", cache, ref, num_layers=2, atol=LOGITS_ATOL) == 1 + 2 + 2 + 1
-
-
-def test_gpt2_cache_equals_transformers_at_every_documented_point(tiny_gpt2):
-    directory, tokenizer, reference = tiny_gpt2
-    model = GPT2LMHeadModel.from_pretrained(directory)
-    tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    batch = dict(tokenizer(["Once upon a time", "The meaning of life is to learn"], padding=True,
-                           return_tensors="pt"))
+@each_family
+def test_lm_cache_equals_transformers_at_every_documented_point(tmp_path, family):
+    """The family's LM on a batch padded on either side: embeddings.out, each layer's probabilities and output (the
+    last one's place taken by the final norm where the family declares one as hidden_states[-1]), the logits;
+    eager attention compares at the queries that see a key."""
+    theirs = reference(family)
+    model = FAMILIES[family].lm.from_pretrained(save(theirs, tmp_path))
+    batch = padded_batch(family)
     with torch.no_grad():
         out, cache = model.run_with_cache(**batch)
-        ref = reference(**batch, output_hidden_states=True, output_attentions=True)
-    # embeddings.out, 2 x probs, the first block's output, ln_f, logits; left padding: eager attention compares at
-    # the queries that see a key
-    seen = sighted("gpt2", batch["attention_mask"])
+        ref = theirs(**batch, output_hidden_states=True, output_attentions=True)
+    seen = sighted(family, batch["attention_mask"])
     assert not seen.all()
-    assert check_output_fields("gpt2", cache, ref, num_layers=2, atol=LOGITS_ATOL, dims=model.hook_dims(),
-                               seen=seen) == 1 + 2 + 1 + 1 + 1
-    # the exception the page states: the last block's output is not hidden_states[-1], ln_f is
-    assert not torch.allclose(cache["layers.1.out"], ref.hidden_states[-1])
+    layers = len(model.layers)
+    assert check_output_fields(family, cache, ref, num_layers=layers, atol=LOGITS_ATOL, dims=model.hook_dims(),
+                               seen=seen) == 1 + layers + layers + 1
+    if "hidden_states[-1]" in FAMILIES[family].output_fields.values():
+        # the exception the page states: the last layer's output is not hidden_states[-1], the final norm's is
+        assert not torch.allclose(cache[f"layers.{layers - 1}.out"], ref.hidden_states[-1])
     assert torch.equal(out.logits, cache["logits"])
 
 
@@ -140,6 +128,7 @@ def kill_head(head: int):
 
 
 def test_zeroing_a_heads_output_equals_zeroing_its_value_weights_bert(minilm):
+    """BERT's value weights: an nn.Linear of its own (GPT-2's Conv1D layout below)."""
     _, model, batch = minilm
     with torch.no_grad():
         clean = model(**batch).last_hidden_state
@@ -152,6 +141,7 @@ def test_zeroing_a_heads_output_equals_zeroing_its_value_weights_bert(minilm):
 
 
 def test_zeroing_a_heads_output_equals_zeroing_its_value_weights_gpt2(tiny_gpt2):
+    """GPT-2's value weights: columns of the Conv1D that holds q, k and v side by side."""
     directory, _, _ = tiny_gpt2
     ids = torch.arange(3, 23)[None]
     with torch.no_grad():
@@ -184,9 +174,11 @@ def test_patching_a_layer_output_carries_the_other_runs_values_downstream(minilm
 def test_hook_api_names_context_manager_and_errors(minilm, monkeypatch):
     _, model, batch = minilm
     names = model.hook_names()
-    assert names[:5] == ["embeddings.word", "embeddings.token_type", "embeddings.position", "embeddings.sum",
-                         "embeddings.out"]
-    assert names[-1] == "pooler.out" and len(names) == 5 + 6 * 15 + 1
+    listened = cached_by_default(model)  # the norms' scale and normalized points (TL's) are opt-in
+    assert listened[:5] == ["embeddings.word", "embeddings.token_type", "embeddings.position", "embeddings.sum",
+                            "embeddings.out"]
+    assert listened[-1] == "pooler.out" and len(listened) == 5 + 6 * 15 + 1
+    assert [name for name in names if name in listened] == listened
     assert set(model.hook_docs()) == set(names) and all(model.hook_docs().values())
 
     fused_calls = []

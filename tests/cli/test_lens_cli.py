@@ -1,5 +1,6 @@
-"""`scratch-models lens`: the logit lens table, JSON and heatmap for GPT-2 and for a BERT with its MLM head, checked
-against transformers' logits at the last layer; the errors that leave nothing written."""
+"""`scratch-models lens`: the logit lens table, JSON and heatmap for every registered family's LM (conftest's
+family_checkpoints), checked against transformers' logits at the last layer; BERT's vocabulary-only tokenizer and its
+vocabulary's characters; the errors that leave nothing written."""
 
 import json
 import shutil
@@ -9,7 +10,8 @@ import torch
 import transformers
 from PIL import Image
 
-from helpers import randomize_
+from helpers import each_family, randomize_
+from scratch_models.families import FAMILIES
 from scratch_models.views.lens_plot import CELL_HEIGHT, CELL_WIDTH, BOTTOM, LEFT, RIGHT, TOP
 from scratch_models_cli.cli import main
 from weight_mapping import embedded_checkpoint
@@ -51,37 +53,36 @@ def check_final_row(out, reference, inputs):
     return lens
 
 
-def test_lens_gpt2_table_json_and_heatmap(tiny_gpt2, tmp_path, capsys):
-    directory, tokenizer, reference = tiny_gpt2
-    text = "The meaning of life is"
-    code, printed, _ = run_lens([str(directory), text, "--out", str(tmp_path / "out"), "--top-k", "4"], capsys)
+@each_family
+def test_lens_table_json_and_heatmap_end_on_the_models_own_prediction(family_checkpoints, family, tmp_path, capsys):
+    """A causal LM's lens predicts the token after each position, a masked LM's the token at each (its MLM head)."""
+    declared = FAMILIES[family]
+    directory = family_checkpoints[family]
+    text = "The meaning of life is" if declared.causal else "Paris is the [MASK] of France."
+    code, printed, _ = run_lens([directory, text, "--out", str(tmp_path / "out"), "--top-k", "4"], capsys)
     assert code == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["lens.json", "lens.png", "lens.txt"]
     lines = printed.splitlines()
-    assert "predicts the token after each position" in lines[0]
-    assert [line.split()[0] for line in lines[3:6]] == ["0_pre", "1_pre", "final_post"]
-    assert (out / "lens.txt").read_text() == "\n".join(lines[:6]) + "\n"
-    ids = tokenizer(text, return_tensors="pt")["input_ids"]
-    lens = check_final_row(out, reference, {"input_ids": ids})
-    assert lens["tokens"] == [tokenizer.decode([i]) for i in ids[0].tolist()]
-    assert [len(layer["top"][0]) for layer in lens["layers"]] == [4, 4, 4]
-    positions = ids.shape[1]
-    assert Image.open(out / "lens.png").size == (LEFT + positions * CELL_WIDTH + RIGHT,
-                                                 TOP + 3 * CELL_HEIGHT + BOTTOM)
-
-
-def test_lens_bert_reads_the_mlm_head(bert_mlm, tmp_path, capsys):
-    directory, reference = bert_mlm
-    text = "Paris is the [MASK] of France."
-    code, printed, _ = run_lens([str(directory), text, "--out", str(tmp_path / "out")], capsys)
-    assert code == 0 and "predicts the token at each position (masked-LM head)" in printed
-    inputs = transformers.AutoTokenizer.from_pretrained(directory)(text, return_tensors="pt")
-    lens = check_final_row(tmp_path / "out", reference, inputs)
-    assert lens["tokens"][0] == "[CLS]" and "[MASK]" in lens["tokens"]
+    assert ("predicts the token after each position" if declared.causal
+            else "predicts the token at each position (masked-LM head)") in lines[0]
+    layers = getattr(declared.tiny(), declared.table.layers_field)
+    labels = [f"{layer}_pre" for layer in range(layers)] + ["final_post"]
+    assert [line.split()[0] for line in lines[3:3 + len(labels)]] == labels
+    assert (out / "lens.txt").read_text() == "\n".join(lines[:3 + len(labels)]) + "\n"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    inputs = tokenizer(text, return_tensors="pt")
+    reference = getattr(transformers, declared.lm.__name__).from_pretrained(directory).eval()
+    lens = check_final_row(out, reference, inputs)
+    ids = inputs["input_ids"][0].tolist()
+    assert lens["tokens"] == [tokenizer.decode([i]) for i in ids]
+    assert [len(layer["top"][0]) for layer in lens["layers"]] == [4] * len(labels)
+    assert Image.open(out / "lens.png").size == (LEFT + len(ids) * CELL_WIDTH + RIGHT,
+                                                 TOP + len(labels) * CELL_HEIGHT + BOTTOM)
 
 
 def test_lens_reads_a_vocab_only_checkpoint_with_the_same_tokenizer(bert_mlm, tmp_path, capsys):
+    """BERT's: a WordPiece vocab.txt without tokenizer.json."""
     directory, reference = bert_mlm
     vocab_only = tmp_path / "vocab-only"
     shutil.copytree(directory, vocab_only)

@@ -1,4 +1,6 @@
-"""The parity report on real weights (the embedded all-MiniLM-L6-v2), the command line, and fill-mask."""
+"""The parity report on real weights (the embedded all-MiniLM-L6-v2, a BERT), on every registered family (its tiny
+config, from its declaration: every compared row, every head class, half precision, a checkpoint without a
+tokenizer, convert), the command line, and fill-mask (the masked LM's command: BERT's)."""
 
 import json
 import shutil
@@ -9,12 +11,13 @@ import pytest
 import torch
 import transformers
 
-from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel
+from scratch_models import BertModel
+from scratch_models.families import FAMILIES
 from scratch_models_cli.cli import main
 from scratch_models_cli.fill_mask import fill_mask
 from scratch_models_cli.verify import verify
 from weight_mapping import embedded_checkpoint
-from helpers import assert_parity, randomize_
+from helpers import assert_parity, each_family, randomize_, reference, save
 
 MINILM = embedded_checkpoint()
 PAIRS = (["A man is playing a guitar on the stage.", "Time flies."],
@@ -134,52 +137,57 @@ def test_fill_mask_errors_name_the_problem(tmp_path, capsys):
                                        "patch work\n")
 
 
-def test_verify_random_checkpoint_without_tokenizer_uses_random_ids(tmp_path):
-    reference = randomize_(transformers.BertForMaskedLM._from_config(
-        transformers.BertConfig(vocab_size=99, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                                intermediate_size=37, type_vocab_size=3)), 0.3)
-    reference.save_pretrained(tmp_path)
+@each_family
+def test_verify_random_checkpoint_without_tokenizer_uses_random_ids(tmp_path, family):
+    save(reference(family), tmp_path)
     report = verify(str(tmp_path / "model.safetensors"))  # a single weights file, config.json beside it
     assert report.passed, report.format()
     assert "random token ids" in report.inputs[0] and "no tokenizer: none of tokenizer.json" in report.inputs[0]
-    assert report.rows[-1].name == "logits"  # the MLM head is compared when the checkpoint has one
+    assert report.rows[-1].name == "logits"  # the LM's head is compared when the checkpoint has one
 
 
-def test_verify_gpt2_every_block_row(tiny_gpt2):
-    directory, _, _ = tiny_gpt2
-    report = verify(str(directory))
+@each_family
+def test_verify_compares_every_row_the_table_marks_in_forward_order(family_checkpoints, family):
+    """On the family's default texts: the table's compared rows of the base model (but those of parts the checkpoint
+    lacks, each said in a note: an LM checkpoint of BERT has no pooler), each layer's the same, in the order the
+    model's hook points fire, then the LM's logits."""
+    declared = FAMILIES[family]
+    report = verify(family_checkpoints[family])
     assert report.passed, report.format()
     names = [row.name for row in report.rows]
-    assert names[:8] == ["embeddings.out", "layers.0.ln_1", "layers.0.attn.probs", "layers.0.attn.proj",
-                         "layers.0.ln_2", "layers.0.mlp.post_act", "layers.0.mlp.proj", "layers.0.out"]
-    assert names[-2:] == ["ln_f", "logits"]
-    assert report.inputs[0] == "2 texts, padded:" and report.inputs[1].startswith("  1. 'The meaning of life is'")
+    layers = getattr(declared.tiny(), declared.table.layers_field)
+    compared = [row.ours for row in declared.table.compared(layers, with_heads=False)]
+    absent = [name for name in compared if f"{name}: not in this checkpoint, not compared" in report.notes]
+    assert names == [name for name in compared if name not in absent] + ["logits"]
+    assert not any(name.startswith("layers.") for name in absent)  # every layer is in every checkpoint
+    order = declared.lm(declared.tiny()).hook_names()
+    assert names == sorted(names, key=order.index)
+    first = [name for name in names if name.startswith("layers.0.")]
+    assert {"layers.0.attn.probs", "layers.0.out"} <= set(first)
+    for layer in range(1, layers):
+        assert [name for name in names if name.startswith(f"layers.{layer}.")] == [
+            name.replace("layers.0.", f"layers.{layer}.", 1) for name in first]
+    assert names[0] == "embeddings.out"
+    what = "sentence pairs" if declared.pairs else "texts"
+    assert report.inputs[0] == f"{len(declared.default_texts)} {what}, padded:"
+    assert report.inputs[1].startswith(f"  1. {declared.default_texts[0]!r}")
 
 
-def test_cli_generate_streams_transformers_greedy_text(tiny_gpt2, capsys):
-    directory, tokenizer, reference = tiny_gpt2
-    prompt = "Once upon a time"
-    assert main(["generate", str(directory), prompt, "--max-new-tokens", "12"]) == 0
-    printed = capsys.readouterr().out.strip()
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    expected = reference.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert printed == tokenizer.decode(expected[0], skip_special_tokens=True).strip()
-    assert printed.startswith(prompt) and len(printed) > len(prompt)
+def logits_read(model) -> str:
+    """The hook point whose tensor the LM's logits read: its last norm's normalized stream (opt-in)."""
+    names = model.hook_names()
+    return next(name for name in reversed(names[:names.index("logits")]) if name.endswith(".normalized"))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
-def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(tmp_path, tiny_gpt2, family, dtype,
+@each_family
+def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(family_checkpoints, family, dtype,
                                                                                monkeypatch):
     """Like is compared with like: the base rows are our explicit path against eager attention, the head's
     logits our fused path against SDPA; the logits' tolerance comes from transformers' own distance from its
     float32 logits, measured in the run and printed. An error of a few units in the last place of the final
-    LayerNorm's output then fails the logits row."""
-    if family == "bert":
-        mlm_checkpoint_with_tokenizer(tmp_path)
-        directory = tmp_path
-    else:
-        directory = tiny_gpt2[0]
+    norm's output then fails the logits row."""
+    directory = family_checkpoints[family]
     report = verify(str(directory), dtype=dtype)
     assert report.passed, report.format()
     assert report.rows[-1].name == "logits"
@@ -191,14 +199,12 @@ def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(t
     head = report.rows[-1]
     assert head.atol == pytest.approx(float(measured.split()[2]), rel=1e-2)
 
-    our_class = BertForMaskedLM if family == "bert" else GPT2LMHeadModel  # the head pass's class only
+    our_class = FAMILIES[family].lm  # the head pass's class only
     original = our_class.from_pretrained.__func__
 
     def off_by_a_little(cls, *args, **kwargs):
         model = original(cls, *args, **kwargs)
-        norm = model.mlm_head.norm if family == "bert" else model.norm_f
-        with torch.no_grad():
-            norm.bias += 4 * head.atol / max(float(norm.weight.abs().max()), 1.0)
+        model.add_hook(logits_read(model), lambda x, _: x + 4 * head.atol, is_permanent=True)
         return model
 
     monkeypatch.setattr(our_class, "from_pretrained", classmethod(off_by_a_little))
@@ -206,66 +212,64 @@ def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(t
     assert [row.name for row in wrong.rows if not row.passed] == ["logits"], wrong.format()
 
 
-HEADS = {  # transformers class -> the outputs verify compares for it
-    "BertForPreTraining": ["prediction_logits", "seq_relationship_logits"],
-    "BertForNextSentencePrediction": ["logits"],
-    "BertForSequenceClassification": ["logits"],
-    "BertForTokenClassification": ["logits"],
-    "BertForQuestionAnswering": ["start_logits", "end_logits"],
-    "BertForMultipleChoice": ["logits"],
-    "GPT2ForSequenceClassification": ["logits"],
-    "GPT2ForTokenClassification": ["logits"],
-    "GPT2ForQuestionAnswering": ["start_logits", "end_logits"],
-    "GPT2DoubleHeadsModel": ["logits", "mc_logits"],
-}
+def head_checkpoint(directory, family: str, class_name: str, **changes):
+    """transformers' `class_name` of the family's tiny config (3 labels, 2 for question answering) with large random
+    weights, saved by transformers (architectures set)."""
+    labels = 2 if class_name.endswith("QuestionAnswering") else 3
+    model = reference(family, class_name, id2label={i: f"LABEL_{i}" for i in range(labels)}, **changes)
+    return save(model, directory)
 
 
-def head_checkpoint(directory, class_name: str, **config):
-    """A transformers model of `class_name` with scaled random weights, saved by transformers (architectures set)."""
-    torch.manual_seed(0)
-    if class_name.startswith("Bert"):
-        config = transformers.BertConfig(vocab_size=99, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                                         intermediate_size=37, num_labels=3, **config)
-    else:
-        config = transformers.GPT2Config(vocab_size=99, n_embd=48, n_layer=2, n_head=3, n_positions=32, num_labels=3,
-                                         bos_token_id=98, eos_token_id=98, **config)
-    if class_name.endswith("QuestionAnswering"):
-        config.num_labels = 2
-    model = randomize_(getattr(transformers, class_name)._from_config(config, attn_implementation="eager"), 0.3)
-    model.save_pretrained(directory)
-    return model
+def outputs_of(family: str, cls: type) -> list[str]:
+    """The outputs a class of the family scores, in forward order: its hook points named after the output field
+    they hold (the family's output_fields)."""
+    fields = FAMILIES[family].output_fields
+    return [name for name in cls(FAMILIES[family].tiny()).hook_names() if fields.get(name) == name]
 
 
-@pytest.mark.parametrize("class_name", list(HEADS))
-def test_verify_compares_the_outputs_of_the_checkpoints_own_head_class(tmp_path, class_name):
-    """The head class comes from config.json's architectures; every score it outputs is compared with
-    transformers' class of the same name, after the base model's layer-by-layer rows."""
-    head_checkpoint(tmp_path, class_name, **({"pad_token_id": 0} if class_name.startswith("GPT2") else {}))
+TASK_HEADS = [(family, cls.__name__) for family, declared in FAMILIES.items() for cls in declared.heads[1:]]
+
+
+@pytest.mark.parametrize("family, class_name", TASK_HEADS)
+def test_verify_compares_the_outputs_of_the_checkpoints_own_head_class(tmp_path, family, class_name):
+    """Every task head of every family: the head class comes from config.json's architectures; every score it
+    outputs is compared with transformers' class of the same name, after the base model's layer-by-layer rows."""
+    cls = next(cls for cls in FAMILIES[family].heads if cls.__name__ == class_name)
+    head_checkpoint(tmp_path, family, class_name, **({"pad_token_id": 0} if cls.reads_last_token else {}))
     report = verify(str(tmp_path))
     assert report.passed, report.format()
     outputs = [row for row in report.rows if row.reference.startswith(f"{class_name}.")]
-    assert [row.name for row in outputs] == HEADS[class_name]
+    assert [row.name for row in outputs] == outputs_of(family, cls) != []
     assert report.rows.index(outputs[0]) == len(report.rows) - len(outputs)  # after every base-model row
     assert any(f"our fused attention against transformers' SDPA {class_name}" in note for note in report.notes)
 
 
-def test_verify_gpt2_sequence_classifier_without_pad_token_reads_one_row(tmp_path):
-    head_checkpoint(tmp_path, "GPT2ForSequenceClassification")
+LAST_TOKEN_READERS = [(family, cls.__name__) for family, declared in FAMILIES.items() for cls in declared.heads
+                      if cls.reads_last_token]
+
+
+@pytest.mark.parametrize("family, class_name", LAST_TOKEN_READERS)
+def test_verify_sequence_classifier_without_pad_token_reads_one_row(tmp_path, family, class_name):
+    """A classifier that reads each row's last token finds it by the pad id; without one, one row can be read."""
+    head_checkpoint(tmp_path, family, class_name, pad_token_id=None)
     report = verify(str(tmp_path))
     assert report.passed, report.format()
     assert report.rows[-1].shape == (1, 3)
     assert any("no pad_token_id in config.json" in note for note in report.notes)
 
 
-@pytest.mark.parametrize("class_name", ["BertForSequenceClassification", "GPT2DoubleHeadsModel"])
-def test_convert_keeps_the_head_and_transformers_reads_the_same_class(tmp_path, class_name):
+@pytest.mark.parametrize("family, class_name", [(family, cls.__name__) for family, declared in FAMILIES.items()
+                                                for cls in declared.heads])
+def test_convert_keeps_the_head_and_transformers_reads_the_same_class(tmp_path, family, class_name):
     from scratch_models_cli.convert import convert
 
-    reference = head_checkpoint(tmp_path / "source", class_name)
+    head_checkpoint(tmp_path / "source", family, class_name)
+    source = getattr(transformers, class_name).from_pretrained(tmp_path / "source").eval()
     summary = convert(str(tmp_path / "source"), tmp_path / "out")
     assert f"as {class_name}" in summary and "ignored" not in summary
     back = getattr(transformers, class_name).from_pretrained(tmp_path / "out").eval()
-    for name, tensor in reference.state_dict().items():
+    assert back.state_dict().keys() == source.state_dict().keys()
+    for name, tensor in source.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name
 
 
@@ -278,6 +282,7 @@ def test_convert_keeps_the_head_and_transformers_reads_the_same_class(tmp_path, 
     (["--do-sample", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
 ])
 def test_cli_generate_names_its_flags_and_refuses_sampling_flags_without_sampling(tiny_gpt2, capsys, flags, message):
+    """The flags are checked before anything loads: no family's behaviour (GPT-2's checkpoint is any)."""
     directory, _, _ = tiny_gpt2
     assert main(["generate", str(directory), "Once upon a time", *flags]) == 2
     err = capsys.readouterr().err.strip()

@@ -93,3 +93,39 @@ def test_the_gelu_section_says_which_gelu_bert_was_trained_with_and_how_far_tran
     gap = float((activations.gelu_new(line) - activations.gelu(line)).abs().max())
     assert 4e-4 < gap < 5e-4
     assert f"never differ by more than\n{gap:.1e}" in section
+
+
+def test_no_number_on_the_page_is_a_zero_rounded_to_four_decimals():
+    """"at most 0.0000 (to four decimals)" says nothing a reader can use: a difference is stated exactly, or as a
+    bound the generator checks."""
+    page = PAGE.read_text(encoding="utf-8")
+    assert not re.search(r"(at most|within) -?0\.0000\b", page)
+    padding = page[page.index("So padding changes nothing"):][:300]
+    assert "up to float64 rounding" in padding and "below\n1e-12" in padding
+
+
+def test_gpt_neox_has_a_chapter_on_rotary_embeddings_and_the_parallel_residual():
+    from scratch_models.gpt_neox.model import rotary_angles, rotate
+
+    page = PAGE.read_text(encoding="utf-8")
+    chapter = page[page.index("## 8. GPT-NeoX"):page.index("## Where to go next")]
+    assert "rotary" in chapter and "parallel residual" in chapter and "resid_mid" in chapter
+    for function in (rotary_angles, rotate):
+        assert excerpt(function).code in chapter
+    # the table shows the score depending on the distance alone: equal for equal m - n, different otherwise
+    rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \| (-?\d+\.\d{4}) \|$", chapter, re.M)
+    by_distance = {}
+    for _, _, distance, score in rows:
+        by_distance.setdefault(distance, set()).add(score)
+    assert len(rows) >= 3 and len(by_distance) >= 2 and all(len(s) == 1 for s in by_distance.values())
+
+
+def test_where_to_go_next_names_what_is_there():
+    """Every family's mapping table, the notebook and the tiny models, each a file or command that exists."""
+    from scratch_models.families import FAMILIES
+
+    page = PAGE.read_text(encoding="utf-8")
+    section = page[page.index("## Where to go next"):]
+    for name in FAMILIES:
+        assert f"`weight_mapping/{name}.py`" in section and (REPO / "weight_mapping" / f"{name}.py").is_file()
+    assert "(tutorial.ipynb)" in section and "scratch-models tiny FAMILY DIR" in section

@@ -1,35 +1,37 @@
-"""generate at its edges, token for token against transformers' generate: an end token outside the vocabulary
-(transformers' GPT2Config keeps eos_token_id=50256 whatever vocab_size is), eos_token_id=None, lists of end
-tokens, bad ids, and prompts padded on the wrong side."""
+"""generate at its edges on every causal family, token for token against transformers' generate: an end token
+outside the vocabulary (transformers' GPT2Config keeps eos_token_id=50256 whatever vocab_size is; any config may
+say so), eos_token_id=None, lists of end tokens, bad ids, and prompts padded on the wrong side. A causal family
+registered in scratch_models.families is tested here with no edit."""
 
 import dataclasses
 
 import pytest
 import torch
-import transformers
 
-from helpers import randomize_
-from scratch_models.gpt2.model import GPT2LMHeadModel
+from helpers import reference, save
+from scratch_models.families import FAMILIES
 
 VOCAB = 100
+OUTSIDE = 50256  # an end token outside the vocabulary: GPT-2's, which transformers keeps in every small GPT2Config
 WIDTH = 6  # prompt columns
 NEW = 10
 PAD = 0
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """transformers' GPT-2 from a small config left with its default end token 50256, outside the vocabulary of
-    100 (the case that could not generate at all), and ours loaded from its save."""
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=48, n_layer=1, n_head=3)
-    assert (config.eos_token_id, config.pad_token_id) == (50256, None)
-    reference = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
-    randomize_(reference, 0.3, seed=2)
-    directory = tmp_path_factory.mktemp("gpt2-eos-outside-vocab")
-    reference.save_pretrained(directory)
-    model = GPT2LMHeadModel.from_pretrained(directory)
-    assert model.config.eos_token_id == 50256
-    return reference, model
+
+@pytest.fixture(scope="module", params=[name for name, family in FAMILIES.items() if family.causal])
+def models(request, tmp_path_factory):
+    """transformers' LM of the family (one layer of its tiny config, a vocabulary of 100) with the end token 50256
+    outside the vocabulary (the case that could not generate at all), with its default SDPA attention as our generate
+    runs the fused path, and ours loaded from its save."""
+    family = FAMILIES[request.param]
+    changes = {"vocab_size": VOCAB, "eos_token_id": OUTSIDE, "pad_token_id": None, family.table.layers_field: 1}
+    theirs = reference(request.param, attention="sdpa", seed=2, **changes)
+    assert (theirs.config.eos_token_id, theirs.config.pad_token_id) == (OUTSIDE, None)
+    model = family.lm.from_pretrained(save(theirs, tmp_path_factory.mktemp(f"{request.param}-eos-outside-vocab")))
+    assert model.config.eos_token_id == OUTSIDE
+    return theirs, model
 
 
 def left_padded(lengths=(6, 3, 1), seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,18 +74,18 @@ def test_eos_outside_the_vocabulary_generates_to_max_new_tokens_like_transformer
     assert new.shape == (3, NEW)  # 50256 is never generated: every row runs to max_new_tokens
     assert_same(torch.cat([ids, new], dim=1), theirs(reference, ids, mask))
     # the config's value is excused because transformers writes it into every small config; an argument is not
-    with pytest.raises(ValueError, match=r"eos_token_id=50256 is out of range: .* vocab_size = 100; the model "
-                                         r"can never generate it \(eos_token_id=None"):
-        model.generate(ids, attention_mask=mask, eos_token_id=50256)
+    with pytest.raises(ValueError, match=rf"eos_token_id={OUTSIDE} is out of range: .* vocab_size = {VOCAB}; the "
+                                         r"model can never generate it \(eos_token_id=None"):
+        model.generate(ids, attention_mask=mask, eos_token_id=OUTSIDE)
 
 
 @pytest.fixture
 def config_eos(models, free_run, monkeypatch):
-    """The model with an end token in its config that only row 0 generates when running free."""
+    """The model with an end token in its generation config that only row 0 generates when running free."""
     reference, model = models
     ids, mask, new = free_run
     eos = only_in(new[0], new[1], new[2])
-    monkeypatch.setattr(model, "config", dataclasses.replace(model.config, eos_token_id=eos))
+    monkeypatch.setattr(model, "generation_config", dataclasses.replace(model.generation_config, eos_token_id=eos))
     return reference, model, ids, mask, new, eos
 
 
@@ -108,7 +110,7 @@ def test_eos_none_turns_stopping_off_like_transformers(config_eos):
     try:
         assert_same(ours, theirs(reference, ids, mask, eos_token_id=None))
     finally:
-        reference.generation_config.eos_token_id = 50256
+        reference.generation_config.eos_token_id = OUTSIDE
     assert torch.equal(ours[:, WIDTH:], new)
 
 
@@ -131,13 +133,15 @@ def test_a_list_of_eos_ids_stops_each_row_at_any_of_them_like_transformers(model
 
 
 def test_a_config_list_skips_end_tokens_outside_the_vocabulary(models, free_run, monkeypatch):
-    """config.eos_token_id [50256, t]: rows stop at t, and the fill is t, the first end token the model can write.
+    """generation_config.eos_token_id [50256, t]: rows stop at t, and the fill is t, the first end token the model
+    can write.
     (transformers fills with 50256 and then fails with an IndexError feeding it back; ours matches its output
     for the end token t alone.)"""
     reference, model = models
     ids, mask, new = free_run
     eos = only_in(new[1], new[0], new[2])
-    monkeypatch.setattr(model, "config", dataclasses.replace(model.config, eos_token_id=[50256, eos]))
+    monkeypatch.setattr(model, "generation_config", dataclasses.replace(model.generation_config,
+                                                                         eos_token_id=[OUTSIDE, eos]))
     ours = model.generate(ids, attention_mask=mask, max_new_tokens=NEW)
     assert_same(ours, theirs(reference, ids, mask, eos_token_id=eos))
 
@@ -169,16 +173,16 @@ def test_the_configs_ids_are_checked_where_they_are_used(models, free_run, monke
     ids, mask, new = free_run
 
     def generate_with(**config):
-        monkeypatch.setattr(model, "config", dataclasses.replace(model.config, **config))
+        monkeypatch.setattr(model, "generation_config", dataclasses.replace(model.generation_config, **config))
         return model.generate(ids, attention_mask=mask, max_new_tokens=NEW)
 
     # a pad outside the vocabulary that would fill a stopped row: refused, naming it as the config's
-    with pytest.raises(ValueError, match=r"pad_token_id=100 \(the config's\) is out of range: .*; pass "
+    with pytest.raises(ValueError, match=r"pad_token_id=100 \(the generation config's\) is out of range: .*; pass "
                                          r"pad_token_id"):
         generate_with(eos_token_id=only_in(new[0], new[1], new[2]), pad_token_id=100)
     # the same pad where no row can stop (the end token 50256 never comes): never written, so not in the way
-    assert torch.equal(generate_with(eos_token_id=50256, pad_token_id=100)[:, WIDTH:], new)
-    with pytest.raises(ValueError, match=r"eos_token_id=-1 \(the config's\): -1 is not a token id"):
+    assert torch.equal(generate_with(eos_token_id=OUTSIDE, pad_token_id=100)[:, WIDTH:], new)
+    with pytest.raises(ValueError, match=r"eos_token_id=-1 \(the generation config's\): -1 is not a token id"):
         generate_with(eos_token_id=-1)
 
 

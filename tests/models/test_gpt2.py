@@ -1,20 +1,20 @@
 """GPT-2 parity with transformers: every real checkpoint layout written from a randomly initialised transformers
-model (small odd configs with large weights for breadth, the full gpt2 config for truth), generation token for
-token, the KV cache, sampling, the hub's gpt2 when it is cached, and CUDA when there is one."""
+model (small odd configs with large weights for breadth, the full gpt2 config for truth), the hub's gpt2 when it is
+cached, and CUDA when there is one.
+
+The tests every family passes (the KV cache and generation in test_generation.py, training, edges, compiled,
+exports, analysis, the command line) run on GPT-2 too, from its declaration; these are what only GPT-2 has."""
 
 import contextlib
-import dataclasses
 import json
 
 import pytest
 import torch
 import transformers
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from helpers import (LOGITS_ATOL, assert_parity, check_causal_lm, hub_model_available, randomize_, sighted,
                      write_weights)
 from scratch_models import ConfigError, GPT2Config
-from scratch_models.generation import KVCache, warp
 from scratch_models.gpt2.model import GPT2LMHeadModel, GPT2Model
 from scratch_models_cli.verify import TOLERANCES
 from weight_mapping import CheckpointError
@@ -210,61 +210,7 @@ def test_full_gpt2_config_transformers_layout(tmp_path, full, layout):
     print(f"full gpt2 config, {layout}: worst |diff| {worst}")
 
 
-# ----------------------------------------------------------------------------------- KV cache and generation
-
-
-@pytest.fixture
-def endless(small) -> GPT2LMHeadModel:
-    """The small model with no eos token in its config: it always generates max_new_tokens."""
-    model = GPT2LMHeadModel.from_pretrained(small[1])
-    model.config = dataclasses.replace(model.config, eos_token_id=None)
-    return model
-
-
-def left_padded_prompts(seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    """Four prompts of lengths 7, 3, 5, 1, left-padded to 7."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, 100, (4, 7), generator=g)
-    mask = torch.zeros(4, 7, dtype=torch.long)
-    for row, length in enumerate((7, 3, 5, 1)):
-        mask[row, 7 - length:] = 1
-    return ids.masked_fill(mask == 0, PAD), mask
-
-
-@pytest.mark.parametrize("capacity", [0, 11], ids=["growing", "preallocated"])
-def test_cache_step_by_step_equals_one_forward(small, capacity):
-    _, directory = small
-    model = GPT2LMHeadModel.from_pretrained(directory)
-    inputs = padded_inputs(SMALL["vocab_size"])
-    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
-    cache = KVCache(SMALL["n_layer"], capacity=capacity)
-    with torch.no_grad():
-        full = model(**inputs, output_attentions=True)
-        steps = [model(ids[:, :4], attention_mask=mask[:, :4], position_ids=positions[:, :4], past_key_values=cache,
-                       output_attentions=True)]  # the prompt, then one token at a time
-        for t in range(4, ids.shape[1]):
-            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=positions[:, t:t + 1],
-                               past_key_values=cache, output_attentions=True))
-    assert cache.length == ids.shape[1] and all(step.past_key_values is cache for step in steps)
-    # a padding query that sees no key spreads over all keys in one forward, over the cached ones step by step
-    real = mask.bool()
-    assert_parity(torch.cat([s.logits for s in steps], dim=1)[real], full.logits[real], "logits, cached",
-                  atol=LOGITS_ATOL)
-    for i in range(SMALL["n_layer"]):
-        for t, step in enumerate(steps[1:], start=4):
-            assert_parity(step.attentions[i][:, :, 0], full.attentions[i][:, :, t, :t + 1], f"attentions[{i}] at {t}")
-
-
-def test_use_cache_continues_with_default_positions(small):
-    """use_cache=True starts a cache; default positions then count on from the cached tokens."""
-    reference, directory = small
-    model = GPT2LMHeadModel.from_pretrained(directory)
-    ids = torch.randint(100, (2, 9), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = reference(ids)
-        first = model(ids[:, :6], use_cache=True)
-        rest = model(ids[:, 6:], past_key_values=first.past_key_values)
-    assert_parity(torch.cat([first.logits, rest.logits], dim=1), ref.logits, "logits", atol=LOGITS_ATOL)
+# ------------------------------------------------------------------------------ the causal kernel, initialisation
 
 
 def test_unpadded_forward_uses_the_kernels_causal_mode_and_matches_both_paths(small, monkeypatch):
@@ -289,21 +235,6 @@ def test_unpadded_forward_uses_the_kernels_causal_mode_and_matches_both_paths(sm
     assert_parity(explicit.attentions[1], ref.attentions[1], "attentions")
 
 
-def test_logits_to_keep_gives_the_last_positions_only(small):
-    _, directory = small
-    model = GPT2LMHeadModel.from_pretrained(directory)
-    ids = torch.randint(100, (2, 7), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        full = model(ids).logits
-        last = model(ids, logits_to_keep=1).logits
-    assert last.shape == (2, 1, SMALL["vocab_size"])
-    assert_parity(last, full[:, -1:], "last logits")  # not bitwise: a 1-row matmul may sum in another order
-    with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0, got -1"):
-        model(ids, logits_to_keep=-1)
-    with pytest.raises(ValueError, match="labels need the logits of every position"):
-        model(ids, labels=ids, logits_to_keep=1)
-
-
 def test_loading_skips_random_init_and_leaves_torch_init_alone(small):
     _, directory = small
     original = torch.nn.init.normal_
@@ -311,90 +242,6 @@ def test_loading_skips_random_init_and_leaves_torch_init_alone(small):
     assert torch.nn.init.normal_ is original
     fresh = GPT2LMHeadModel(GPT2Config(**SMALL))  # built from a config: initialised as GPT-2 is
     assert 0.015 < float(fresh.layers[0].attn.c_attn.weight.detach().std()) < 0.025
-
-
-def test_greedy_generation_matches_transformers_token_for_token(small):
-    reference, directory = small
-    model = GPT2LMHeadModel.from_pretrained(directory)
-    ids, mask = left_padded_prompts()
-
-    def both(**kwargs):
-        with torch.no_grad():
-            theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
-                                        pad_token_id=PAD, **kwargs)
-        return model.generate(ids, attention_mask=mask, max_new_tokens=12, pad_token_id=PAD, **kwargs), theirs
-
-    ours, theirs = both()
-    assert torch.equal(ours, theirs), f"\nours   {ours}\ntheirs {theirs}"
-    # make a token that row 0 generates and row 1 never does the eos: row 0 then stops and is padded, row 1 runs on
-    new = ours[:, 7:]
-    eos = next(int(t) for t in new[0] if int(t) not in new[1].tolist())
-    ours, theirs = both(eos_token_id=eos)
-    assert torch.equal(ours, theirs), f"\nours   {ours}\ntheirs {theirs}"
-    stop = ours[0, 7:].tolist().index(eos)
-    assert stop < ours.shape[1] - 8 and set(ours[0, 8 + stop:].tolist()) == {PAD}
-
-
-def test_generation_streams_and_checks_arguments(endless):
-    model = endless
-    ids, mask = left_padded_prompts()
-
-    class Streamer:
-        def __init__(self):
-            self.parts, self.ended = [], False
-
-        def put(self, tokens):
-            self.parts.append(tokens if tokens.dim() == 2 else tokens[:, None])
-
-        def end(self):
-            self.ended = True
-
-    streamer = Streamer()
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=5, streamer=streamer)
-    assert out.shape == (4, 12) and streamer.ended and torch.equal(torch.cat(streamer.parts, dim=1), out)
-    # the last prompt token sits at position 6; the 34th new token is returned but never fed, so 34 fit in 40
-    assert model.generate(ids, attention_mask=mask, max_new_tokens=34).shape == (4, 41)
-    with pytest.raises(ValueError, match="reaches position 40; this model has n_positions=40"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=35)
-    with pytest.raises(ValueError, match="top_k"):
-        model.generate(ids, attention_mask=mask, do_sample=True, top_k=0)
-    with pytest.raises(ValueError, match="eos_token_id=101"):
-        model.generate(ids, attention_mask=mask, eos_token_id=101)
-
-
-def test_warp_matches_transformers_warpers():
-    scores = torch.randn(6, 101, generator=torch.Generator().manual_seed(4)) * 3
-    scores[0, :10] = scores[0, 10]  # ties at the cut
-    for temperature, top_k, top_p in [(0.7, 10, 0.9), (1.0, 1, None), (1.3, None, 0.5), (1.0, 101, 1e-9)]:
-        expected = scores
-        for warper in ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + (
-                [TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p else []):
-            expected = warper(None, expected)
-        assert torch.equal(warp(scores, temperature, top_k, top_p), expected), (temperature, top_k, top_p)
-
-
-def test_sampling_is_seeded_and_respects_top_k(endless):
-    model = endless
-    ids, mask = left_padded_prompts()
-
-    def sample(seed, **kwargs):
-        return model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=True,
-                              generator=torch.Generator().manual_seed(seed), **kwargs)
-
-    greedy = model.generate(ids, attention_mask=mask, max_new_tokens=10)
-    assert torch.equal(sample(0, temperature=2.0, top_k=4), sample(0, temperature=2.0, top_k=4))
-    assert not torch.equal(sample(0, temperature=2.0, top_k=4), sample(1, temperature=2.0, top_k=4))
-    assert torch.equal(sample(0, top_k=1), greedy)
-    assert torch.equal(sample(0, top_p=1e-9), greedy)
-
-    # every sampled token is among the 4 best at its step: score the sampled sequences in one forward pass
-    out = sample(3, temperature=2.0, top_k=4)
-    full_mask = torch.cat([mask, torch.ones(4, 10, dtype=torch.long)], dim=1)
-    positions = (full_mask.cumsum(-1) - 1).masked_fill(full_mask == 0, 0)
-    with torch.no_grad():
-        logits = model(out, attention_mask=full_mask, position_ids=positions).logits[:, 6:-1]
-    ranks = (logits > logits.gather(-1, out[:, 7:, None])).sum(-1)
-    assert int(ranks.max()) < 4 and int(ranks.max()) > 0  # within top-4, and not simply greedy
 
 
 # ------------------------------------------------------------------------------------- configs and bad inputs
@@ -436,6 +283,16 @@ def test_bad_checkpoints_and_inputs(tmp_path, small):
 
 
 # ------------------------------------------------------------------------------------- real weights, CUDA
+
+
+def left_padded_prompts(seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Four prompts of lengths 7, 3, 5, 1, left-padded to 7."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 100, (4, 7), generator=g)
+    mask = torch.zeros(4, 7, dtype=torch.long)
+    for row, length in enumerate((7, 3, 5, 1)):
+        mask[row, 7 - length:] = 1
+    return ids.masked_fill(mask == 0, PAD), mask
 
 
 @pytest.mark.skipif(not hub_model_available("gpt2"), reason="gpt2 is not in the local Hugging Face cache and "

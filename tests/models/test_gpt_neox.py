@@ -1,10 +1,10 @@
 """GPT-NeoX (Pythia) parity with transformers' GPTNeoX classes: the Pythia file layout (prefix, embed_out, the
 buffers transformers 4.2x saved, rotary_pct / rotary_emb_base) and transformers 5's (rope_parameters), both
-residual layouts, partial and full rotation, biases on and off, tied and untied heads, the task heads, the KV cache
-and generation, half precision; the full pythia-70m config for truth, and the hub's pythia-70m when it is cached.
+residual layouts, partial and full rotation, biases on and off, tied and untied heads, the task heads, half
+precision; the full pythia-70m config for truth, and the hub's pythia-70m when it is cached.
 
-The tests every family passes (training, edges, compiled, exports, analysis, the command line) run on GPT-NeoX too,
-from its declaration; these are what only GPT-NeoX has.
+The tests every family passes (the KV cache and generation in test_generation.py, training, edges, compiled,
+exports, analysis, the command line) run on GPT-NeoX too, from its declaration; these are what only GPT-NeoX has.
 """
 
 import json
@@ -248,54 +248,6 @@ def test_task_heads_match_transformers_outputs_and_losses(tmp_path, ours):
     for field in fields:
         assert_parity(mine[field], theirs[field], field, atol=LOGITS_ATOL)
     assert_parity(mine.loss, theirs.loss, "loss")
-
-
-# ---------------------------------------------------------------------------------- KV cache and generation
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    reference = hf(bos_token_id=96, eos_token_id=96)
-    return reference, write_pythia(reference, tmp_path_factory.mktemp("pythia-small"))
-
-
-def test_cache_step_by_step_equals_one_forward(small):
-    """Keys are cached turned: each new token's rotation at its own position, the cached ones untouched."""
-    _, directory = small
-    model = GPTNeoXForCausalLM.from_pretrained(directory)
-    inputs = padded_inputs(SMALL["vocab_size"])
-    ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
-    with torch.no_grad():
-        full = model(**inputs)
-        first = model(ids[:, :5], attention_mask=mask[:, :5], position_ids=positions[:, :5], use_cache=True)
-        steps = [first]
-        for t in range(5, ids.shape[1]):
-            steps.append(model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], position_ids=positions[:, t:t + 1],
-                               past_key_values=first.past_key_values))
-    real = mask.bool()
-    assert_parity(torch.cat([s.logits for s in steps], dim=1)[real], full.logits[real], "logits, cached",
-                  atol=LOGITS_ATOL)
-
-
-def test_greedy_generation_matches_transformers_token_for_token(small):
-    """Left-padded prompts of lengths 7, 3, 5 and 1: transformers' generate, token for token."""
-    reference, directory = small
-    model = GPTNeoXForCausalLM.from_pretrained(directory)
-    g = torch.Generator().manual_seed(5)
-    ids = torch.randint(1, 96, (4, 7), generator=g)
-    mask = torch.zeros(4, 7, dtype=torch.long)
-    for row, length in enumerate((7, 3, 5, 1)):
-        mask[row, 7 - length:] = 1
-    ids = ids.masked_fill(mask == 0, 96)
-    reference.set_attn_implementation("sdpa")
-    with torch.no_grad():
-        theirs = reference.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=96,
-                                    eos_token_id=None)
-    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None), theirs)
-    # the last prompt token sits at position 6; the 34th new token is returned but never fed: 34 fit in 40
-    assert model.generate(ids, attention_mask=mask, max_new_tokens=34, eos_token_id=None).shape == (4, 41)
-    with pytest.raises(ValueError, match="reaches position 40; this model has max_position_embeddings=40"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=35)
 
 
 # -------------------------------------------------------------------------------------------- half precision

@@ -67,9 +67,11 @@ def test_minilm_padded_pairs_and_token_types_equal_transformers(side):
     assert batch["input_ids"].shape[1] > 128  # the file's truncation at 128 is off, as in transformers' call
     special = ours.special_ids
     assert (special["cls"], special["sep"], special["pad"], special["mask"]) == (101, 102, 0, 103)
-    assert "bos" not in special
-    with pytest.raises(ValueError, match="names no BOS token .a BERT sequence starts with .CLS."):
-        ours("x", prepend_bos=True)
+    assert "bos" not in special and ours.prepends_bos and ours.bos_token_id is None
+    # TransformerLens' prepend_bos: [CLS] is BERT's BOS, which the template puts first already; False drops it
+    plain = ours(texts)["input_ids"]
+    assert torch.equal(ours(texts, prepend_bos=True)["input_ids"], plain)
+    assert ours(texts, prepend_bos=False)["input_ids"].tolist() == [row[1:] for row in plain.tolist()]
 
 
 @pytest.mark.parametrize("text", [*TEXTS, LONG])
@@ -143,14 +145,17 @@ def test_the_model_reads_its_own_tokenizer_on_first_use(tmp_path):
     assert model.to_str_tokens("Which head reads [SEP]?") == ["[CLS]", "which", "head", "reads", "[SEP]", "?",
                                                                "[SEP]"]
     assert model.to_str_tokens(ids) == model.to_str_tokens("Which head reads [SEP]?")
-    assert model.to_string(ids) == "[CLS] which head reads [SEP]? [SEP]"
+    # a [1, s] tensor is a batch of one, and gives a list of one text, as TransformerLens' to_string
+    assert model.to_string(ids) == ["[CLS] which head reads [SEP]? [SEP]"] and model.to_string(ids[0]) == \
+        "[CLS] which head reads [SEP]? [SEP]"
     pair = model.to_tokens(["one", "two"], ["three", "four"])
     assert pair.shape == (2, 5) and model.to_string(pair) == ["[CLS] one [SEP] three [SEP]",
                                                               "[CLS] two [SEP] four [SEP]"]
     with pytest.raises(ValueError, match="token id 40000 is outside the vocabulary 0..30521"):
         model.to_string([101, 40000])
-    with pytest.raises(ValueError, match="different token counts.*model.tokenizer\\(texts\\)"):
-        model.to_tokens(["short", "a longer text"])
+    # texts of different lengths are padded on the tokenizer's side (right), as TransformerLens pads them
+    padded = model.to_tokens(["short", "a longer text"])
+    assert padded.tolist() == theirs(["short", "a longer text"], padding=True)["input_ids"]
     assert torch.equal(copy.deepcopy(model).to_tokens("a copy"), model.to_tokens("a copy"))
 
     # weights without tokenizer files load; the tokenizer is refused when used
@@ -194,9 +199,26 @@ def test_prepend_bos_adds_no_second_bos_where_the_template_adds_one(tmp_path, gp
     tokenizer = Tokenizer.from_backend(backend, {"bos": bos, "eos": bos}, token_type_ids=False, source="gemma-like")
     text = "The meaning of life is"
     plain = backend.encode(text).ids
-    assert plain[0] == bos and plain[1] != bos and tokenizer.template_adds_bos
+    assert plain[0] == bos and plain[1] != bos and tokenizer.prepends_bos
     assert tokenizer.encode(text, prepend_bos=True) == tokenizer.encode(text) == plain
     assert tokenizer([text, "Once"], prepend_bos=True)["input_ids"][0].tolist() == plain
     assert tokenizer.encode(text, add_special_tokens=False, prepend_bos=True) == plain
     gpt2 = Tokenizer.from_pretrained(gpt2_dir)
-    assert not gpt2.template_adds_bos and gpt2.encode(text, prepend_bos=True) == [bos] + gpt2.encode(text)
+    assert not gpt2.prepends_bos and gpt2.encode(text, prepend_bos=True) == [bos] + gpt2.encode(text)
+
+
+def test_a_checkpoint_without_tokenizer_files_gets_advice_that_works(tmp_path):
+    """No tokenizer file at all beside the weights: transformers' AutoTokenizer could not write one either. The
+    message says where a tokenizer can come from, and following it works."""
+    (tmp_path / "weights").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MINILM / name, tmp_path / "weights")
+    bare = BertModel.from_pretrained(tmp_path / "weights")
+    with pytest.raises(ValueError) as error:
+        bare.to_tokens("x")
+    message = str(error.value)
+    assert "no tokenizer files" in message and "AutoTokenizer" not in message
+    assert "model.tokenizer = scratch_models.Tokenizer.from_pretrained(" in message
+    assert "copy its tokenizer files" in message and "input_ids" in message
+    bare.tokenizer = Tokenizer.from_pretrained(MINILM)  # the checkpoint these weights came from
+    assert bare.to_tokens("x").tolist() == BertModel.from_pretrained("minilm").to_tokens("x").tolist()

@@ -1,6 +1,7 @@
 """Text in the PNGs: every character is one the font draws (no missing-glyph warning, no blank box, no mathtext),
-and tick labels lie level unless one of them needs to stand on end."""
+and tick labels lie level unless one of them needs to stand on end; a text table's labels stay on their line."""
 
+import unicodedata
 import warnings
 
 import pytest
@@ -30,6 +31,17 @@ def test_labels_hold_only_what_the_font_draws():
     assert picture_label("雄雄雄", width=11) == "\\u96c4…" and picture_label("abcdefghijkl") == "abcdefghij…"
     # the text table of `lens` keeps the characters: a terminal draws them
     assert token_label("##雄 x") == "##雄␣x"
+
+
+def test_a_text_label_is_one_line_whatever_byte_the_token_holds():
+    """A byte-level BPE (GPT-2's, Pythia's) has a token for each of the 256 bytes, and a random or small model may
+    predict any: in the lens table each label stays on its line, every control character and line separator
+    escaped (a raw vertical tab split the table's line, a carriage return would overwrite it in a terminal)."""
+    for c in [chr(i) for i in range(256)] + ["\u2028", "\u2029"]:
+        label = token_label(f"a{c}b", width=20)
+        assert len(f"<{label}>".splitlines()) == 1, (c, label)
+        assert not any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in label), (c, label)
+    assert token_label("\x0b") == "\\x0b" and token_label("\r\n") == "\\r\\n" and token_label(" é") == "␣é"
 
 
 def awkward_capture():
