@@ -48,6 +48,8 @@ NEXT_SENTENCE = ("The sentences are sequential", "The sentences are NOT sequenti
 _MODEL_WEIGHTS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U"}
 _STACKED_WEIGHTS = {name: f"attn.{name}" for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")} | \
                    {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_gate", "b_gate", "W_out", "b_out")}
+# TL's weights that hold one head per key/value head under grouped-query attention
+_GROUPED = ("attn.W_K", "attn.W_V", "attn.b_K", "attn.b_V")
 
 
 @dataclasses.dataclass
@@ -381,7 +383,9 @@ class TransformerLensMixin:
     def tl_parameters(self) -> dict[str, torch.Tensor]:
         """Every weight under its TransformerLens name (`blocks.3.attn.W_V`: [n, h, d], views of ours where TL's
         layout allows), as TransformerBridge's tl_parameters; one this model cannot give (BERT's W_U without its
-        MLM head) is left out."""
+        MLM head) is left out. Grouped-query keys and values (W_K, W_V, b_K, b_V of n_kv heads) come repeated to one
+        per query head, as TL gives them here, so that head h's W_V pairs with its W_O (SVDInterpreter's OV); the
+        attributes (`blocks[3].attn.W_V`) keep the n_kv heads, as the bridge's do."""
         return dict(self.tl_named_parameters())
 
     def tl_named_parameters(self):
@@ -390,9 +394,13 @@ class TransformerLensMixin:
         for template in self.lens_table().weights:
             for path in ([template.format(i=layer) for layer in layers] if "{i}" in template else [template]):
                 try:
-                    yield path, self.lens_attribute(path)
+                    value = self.lens_attribute(path)
                 except LensUnavailable:
                     continue
+                heads = self.cfg.n_heads
+                if path.endswith(_GROUPED) and value.shape[0] < heads:
+                    value = value.repeat_interleave(heads // value.shape[0], dim=0)
+                yield path, value
 
     OV = property(lambda self: _factored(self.W_V, self.W_O, "OV"),
                   doc="TL's FactoredMatrix W_V @ W_O per layer and head: [layers, n, h, h]")
