@@ -33,20 +33,31 @@ from ..parts.rotary import RotaryEmbedding, rotate
 from .config import Gemma2Config
 
 
+class Gemma2ScaledEmbedding(nn.Embedding):
+    """The token embedding times sqrt(hidden), as transformers' embed_tokens computes it: sqrt(h) a float32 number
+    cast to the weights' dtype (sqrt(3584) is 59.75 in bfloat16), so that half-precision embeddings are scaled by the
+    same rounded number. The scale is this module's, so get_input_embeddings()(ids) is what the model reads for ids,
+    and inputs_embeds are taken as already scaled, as in transformers."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, padding_idx: int | None):
+        super().__init__(vocab_size, hidden_size, padding_idx=padding_idx)  # the padding row gets no gradient
+        self.normalizer = hidden_size ** 0.5
+
+    def forward(self, input_ids):
+        scale = torch.tensor(self.normalizer, device=self.weight.device).to(self.weight.dtype)
+        return super().forward(input_ids) * scale
+
+
 class Gemma2Embeddings(nn.Module):
     def __init__(self, config: Gemma2Config):
         super().__init__()
-        # the padding token's row gets no gradient, as in transformers
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.word = HookPoint("b, s, h", "token embedding (embed_tokens) of each token, as stored")
-        # sqrt(h) as transformers holds it: a float32 number cast to the weights' dtype (sqrt(3584) is 59.75 in
-        # bfloat16), so that half-precision embeddings are scaled by the same rounded number
-        self.normalizer = config.hidden_size ** 0.5
-        self.out = HookPoint("b, s, h", "the token embedding times sqrt(hidden): the residual stream layer 0 reads")
+        self.embed_tokens = Gemma2ScaledEmbedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.word = HookPoint("b, s, h", "token embedding (embed_tokens) of each token times sqrt(hidden), or "
+                              "inputs_embeds")
+        self.out = HookPoint("b, s, h", "the residual stream layer 0 reads: the scaled token embedding, nothing added")
 
-    def forward(self, input_ids, position_ids):  # position_ids: not here; they rotate q and k in every layer
-        word = self.word(self.embed_tokens(input_ids))
-        return self.out(word * torch.tensor(self.normalizer, device=word.device).to(word.dtype))
+    def forward(self, input_ids, position_ids, inputs_embeds=None):  # position_ids: they rotate q and k instead
+        return self.out(self.word(self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds))
 
 
 class Gemma2Attention(nn.Module):
