@@ -123,11 +123,12 @@ def assert_parity(ours: torch.Tensor, ref: torch.Tensor, what: str, atol: float 
     return worst
 
 
-def sighted(family: str, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[b, s] True where the query sees a key. Elsewhere (left padding in a causal model, an all-zero row in BERT)
-    our attention and transformers' SDPA give 0 and transformers' eager an even spread: compare with eager here
-    only."""
-    return FAMILIES[family].sighted(attention_mask)
+def sighted(family: str, attention_mask: torch.Tensor, config=None) -> torch.Tensor:
+    """[b, s] True where the query sees a key in every layer (of `config`, default the family's tiny one). Elsewhere
+    (left padding in a causal model, an all-zero row in BERT, right padding past a sliding window) our attention
+    and transformers' SDPA give 0 and transformers' eager an even spread: compare with eager here only."""
+    declared = FAMILIES[family]
+    return declared.sighted(attention_mask, declared.tiny() if config is None else config)
 
 
 def randomize_(model: torch.nn.Module, std: float, seed: int = 0) -> torch.nn.Module:

@@ -70,4 +70,5 @@ As in GPT-2, `hidden_states[-1]` is the final norm's output (`ln_f`).""",
     },
     lm_checkpoint="google/gemma-2-2b",
     transformer_lens=transformer_lens.TABLE,
+    window_field="sliding_window",
 )
