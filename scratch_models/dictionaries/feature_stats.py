@@ -87,6 +87,16 @@ class Windows:
         self.used += count
         return torch.arange(self.used - count, self.used)
 
+    def at(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windows (ids, acts) [*slots.shape, width] at `slots`; an empty slot (-1) gives a blank window (ids
+        -1, acts 0), also when no window was ever stored (no feature fired on the corpus)."""
+        blank = (slots < 0)[..., None]
+        if len(self.ids) == 0:
+            width = self.ids.shape[1]
+            return torch.full((*slots.shape, width), -1, dtype=torch.int32), torch.zeros(*slots.shape, width)
+        at = slots.clamp(min=0)
+        return self.ids[at].masked_fill(blank, -1), self.acts[at].masked_fill(blank, 0.0)
+
     def compact(self, keeps: list["Keep"]) -> None:
         """Keep only the windows `keeps` point to (two may point to one), renumbered in order."""
         live = torch.unique(torch.cat([keep.slot[keep.key >= 0] for keep in keeps]))

@@ -235,6 +235,10 @@ class _Pass:
             self.bar = tqdm(unit="tok", unit_scale=True, desc="features", dynamic_ncols=True)
 
     def run(self, block_tokens: int, save_seconds: float) -> None:
+        with self.plan.runner.listening():  # the Runner's recorders, attached for the whole pass over the corpus
+            self._run(block_tokens, save_seconds)
+
+    def _run(self, block_tokens: int, save_seconds: float) -> None:
         offset, saved, clock = 0, time.perf_counter(), time.perf_counter()
         for index, block in enumerate(self.plan.blocks(block_tokens)):
             self.timings["reading and tokenizing"] += time.perf_counter() - clock
@@ -410,10 +414,10 @@ class FeatureReport:
                                       stable=True)
                 slot = keep.slot[part].gather(1, order)
                 shown = filled.gather(1, order)
+                ids, acts = stats.windows.at(slot)
                 chunk[name] = {"filled": shown, "value": keep.value[part].gather(1, order),
                                "document": keep.document[part].gather(1, order),
-                               "position": keep.position[part].gather(1, order),
-                               "ids": stats.windows.ids[slot.clamp(min=0)], "acts": stats.windows.acts[slot.clamp(min=0)]}
+                               "position": keep.position[part].gather(1, order), "ids": ids, "acts": acts}
             count = chunk["sample"]["filled"].sum(1, keepdim=True)
             rank = torch.arange(chunk["sample"]["filled"].shape[1])[None]
             chunk["sample"]["band"] = (3 - (rank * 4) // count.clamp(min=1)).to(torch.int8)

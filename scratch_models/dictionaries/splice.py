@@ -81,9 +81,10 @@ def resolve_hook(model, hook_name: str, source: str = "the dictionary") -> Site:
         if resolved.source is None:
             raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which {type(model).__name__} has "
                                   f"no counterpart for: {resolved.entry.reason}")
-        if not isinstance(resolved.entry, Alias):
-            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which is computed here from our "
-                                  f"{resolved.source} for reading only: no hook point holds it to splice into")
+        if not isinstance(resolved.entry, Alias) or resolved.opt_in:
+            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which is our {resolved.source} "
+                                  "here, an opt-in point computed only for a listener: a dictionary splices into a "
+                                  "point every forward pass computes")
         return Site(resolved.source, resolved.entry.layout, hook_name)
     module = _module_output(model, hook_name)
     if module is not None:

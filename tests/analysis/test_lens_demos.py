@@ -334,10 +334,9 @@ def test_the_attribution_patching_demo_gives_the_bridges_numbers(models, attribu
     assert mine["values"] == pytest.approx([1.0, 0.0], abs=1e-5)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="issue 30 item 2: ln1's hook_scale is computed from the "
-                   "stream, not a hook point of its own, so the demo's backward filter passes it by and the grad "
-                   "cache lacks it")
 def test_the_attribution_patching_demo_s_head_path_cell(models, attributions):
+    """Issue 30 item 2: the cell's backward filter asks for ln1's hook_scale gradient. Before the norms held it at
+    a point of their own it was computed from the stream, the filter passed it by and the cell raised a KeyError."""
     model, bridge = models
     mine = head_path_cell(model, *attributions[0]["caches"])
     theirs = head_path_cell(bridge, *attributions[1]["caches"])

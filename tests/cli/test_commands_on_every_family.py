@@ -72,7 +72,7 @@ def test_heads_and_patch_run_on_the_models_own_target(capsys, family_checkpoints
     code, out, err = run(capsys, "heads", family_checkpoints[family], *texts, "--out", tmp_path / "heads")
     assert code == 0, out + err
     data = json.loads((tmp_path / "heads" / "heads.json").read_text())
-    model = FAMILIES[family].base.from_pretrained(checkpoints[family])  # its heads: the family's tiny config's
+    model = FAMILIES[family].base.from_pretrained(family_checkpoints[family])  # its heads: the family's tiny config's
     assert (data["num_layers"], data["num_heads"]) == (len(model.layers), model.layers[0].attn.num_heads)
     clean, corrupted = (CLEAN, CORRUPTED) if causal else ("the cat [MASK] on the mat.", "the dog [MASK] on the mat.")
     # single tokens in both vocabularies (a random model's own two predictions may well be one token)

@@ -6,7 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from scratch_models.dictionaries import SAEConfig, build
 from scratch_models_cli.cli import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -22,8 +24,15 @@ def minilm_argv(command: str, out: Path) -> list[str]:
     """A typical call of `command` on minilm."""
     corpus = out.parent / "corpus.txt"
     corpus.write_text("Time flies like an arrow.\nThe cat sat on the mat.\n", encoding="utf-8")
+    dictionary = out.parent / "sae"
+    if command == "features":  # a small dictionary on MiniLM's stream after layer 3, in SAELens' layout
+        torch.manual_seed(0)
+        build(SAEConfig(architecture="standard", d_in=384, d_sae=32, hook_name="layers.3.out")).save_pretrained(
+            dictionary)
     return {"verify": ["verify", "minilm", "--text", "Hi."],
             "harvest": ["harvest", "minilm", str(corpus), "--names", "layers.5.out", "--out", str(out)],
+            "features": ["features", "minilm", str(dictionary), str(corpus), "--out", str(out)],
+            "tiny": ["tiny", "bert", str(out)],
             "inspect": ["inspect", "minilm", "time flies", "--out", str(out)],
             "heads": ["heads", "minilm", "time flies", "--out", str(out)],
             "patch": ["patch", "minilm", "--clean", "a cat sat", "--corrupted", "a dog sat", "--out", str(out)],
