@@ -397,15 +397,18 @@ class TransformerLensMixin:
                     value = self.lens_attribute(path)
                 except LensUnavailable:
                     continue
-                heads = self.cfg.n_heads
-                if path.endswith(_GROUPED) and value.shape[0] < heads:
-                    value = value.repeat_interleave(heads // value.shape[0], dim=0)
-                yield path, value
+                yield path, self._per_query_head(value, 0) if path.endswith(_GROUPED) else value
 
-    OV = property(lambda self: _factored(self.W_V, self.W_O, "OV"),
-                  doc="TL's FactoredMatrix W_V @ W_O per layer and head: [layers, n, h, h]")
-    QK = property(lambda self: _factored(self.W_Q, self.W_K.transpose(-2, -1), "QK"),
-                  doc="TL's FactoredMatrix W_Q @ W_K^T per layer and head: [layers, n, h, h]")
+    def _per_query_head(self, value: torch.Tensor, dim: int) -> torch.Tensor:
+        """Grouped-query keys or values (n_kv heads along `dim`) repeated to one per query head, query head h
+        reading key/value head h // (n / n_kv), as the attention computes it and TransformerBridge expands them."""
+        heads = self.cfg.n_heads
+        return value.repeat_interleave(heads // value.shape[dim], dim=dim) if value.shape[dim] < heads else value
+
+    OV = property(lambda self: _factored(self._per_query_head(self.W_V, 1), self.W_O, "OV"),
+                  doc="TL's FactoredMatrix W_V @ W_O per layer and query head: [layers, n, h, h]")
+    QK = property(lambda self: _factored(self.W_Q, self._per_query_head(self.W_K, 1).transpose(-2, -1), "QK"),
+                  doc="TL's FactoredMatrix W_Q @ W_K^T per layer and query head: [layers, n, h, h]")
 
     def lens_attribute(self, path: str):
         """What TransformerLens' `path` is on this model: a weight (`blocks.3.attn.W_Q`), a hook (`blocks.3.attn.
@@ -417,8 +420,8 @@ class TransformerLensMixin:
         if template in ("blocks.{i}.attn.OV", "blocks.{i}.attn.QK"):
             attn = path.rsplit(".", 1)[0]
             get = lambda name: self.lens_attribute(f"{attn}.{name}")  # noqa: E731
-            return (_factored(get("W_V"), get("W_O"), path) if path.endswith("OV")
-                    else _factored(get("W_Q"), get("W_K").transpose(-2, -1), path))
+            return (_factored(self._per_query_head(get("W_V"), 0), get("W_O"), path) if path.endswith("OV")
+                    else _factored(get("W_Q"), self._per_query_head(get("W_K"), 0).transpose(-2, -1), path))
         if template in weights:
             layer = int(path.split(".")[1]) if template != path else None
             try:
