@@ -178,6 +178,9 @@ class Family:
     # TransformerLens' names for the family's tensors, weights and config (scratch_models.lens_names.LensTable, in
     # the family's transformer_lens.py); None: TL's names are refused, saying the family declares none
     transformer_lens: LensTable | None = None
+    # the config field of a sliding attention window (Gemma 2's sliding_window), where layers have one: a query whose
+    # window holds no real token sees no key there, though real tokens come before it
+    window_field: str | None = None
 
     def __post_init__(self):
         for cls in (self.base, *self.heads):
@@ -205,11 +208,18 @@ class Family:
         """Whether the family takes sentence pairs (token types)."""
         return "token_type_ids" in self.input_names
 
-    def sighted(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[b, s] True where the query may see at least one key (causal: a real token at or before it; else any
-        real token in its sequence)."""
+    def sighted(self, attention_mask: torch.Tensor, config=None) -> torch.Tensor:
+        """[b, s] True where the query sees at least one key in every layer (causal: a real token at or before it,
+        and, where `config` gives a sliding window (window_field), within the window's last tokens; else any real
+        token in its sequence)."""
         real = attention_mask.bool()
-        return real.cumsum(-1) > 0 if self.causal else real.any(-1, keepdim=True).expand_as(real)
+        if not self.causal:
+            return real.any(-1, keepdim=True).expand_as(real)
+        before = real.long().cumsum(-1)  # real tokens at or before each query
+        window = getattr(config, self.window_field) if config is not None and self.window_field else None
+        if window is not None and window < real.shape[-1]:  # less those before the window
+            before = before - F.pad(before, (window, 0))[..., :real.shape[-1]]
+        return before > 0
 
     def check_pairs(self, pairs) -> None:
         """Sentence pairs need token types, which only some families have."""

@@ -48,6 +48,8 @@ NEXT_SENTENCE = ("The sentences are sequential", "The sentences are NOT sequenti
 _MODEL_WEIGHTS = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U", "b_U": "unembed.b_U"}
 _STACKED_WEIGHTS = {name: f"attn.{name}" for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")} | \
                    {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_gate", "b_gate", "W_out", "b_out")}
+# TL's weights that hold one head per key/value head under grouped-query attention
+_GROUPED = ("attn.W_K", "attn.W_V", "attn.b_K", "attn.b_V")
 
 
 @dataclasses.dataclass
@@ -381,7 +383,9 @@ class TransformerLensMixin:
     def tl_parameters(self) -> dict[str, torch.Tensor]:
         """Every weight under its TransformerLens name (`blocks.3.attn.W_V`: [n, h, d], views of ours where TL's
         layout allows), as TransformerBridge's tl_parameters; one this model cannot give (BERT's W_U without its
-        MLM head) is left out."""
+        MLM head) is left out. Grouped-query keys and values (W_K, W_V, b_K, b_V of n_kv heads) come repeated to one
+        per query head, as TL gives them here, so that head h's W_V pairs with its W_O (SVDInterpreter's OV); the
+        attributes (`blocks[3].attn.W_V`) keep the n_kv heads, as the bridge's do."""
         return dict(self.tl_named_parameters())
 
     def tl_named_parameters(self):
@@ -390,14 +394,21 @@ class TransformerLensMixin:
         for template in self.lens_table().weights:
             for path in ([template.format(i=layer) for layer in layers] if "{i}" in template else [template]):
                 try:
-                    yield path, self.lens_attribute(path)
+                    value = self.lens_attribute(path)
                 except LensUnavailable:
                     continue
+                yield path, self._per_query_head(value, 0) if path.endswith(_GROUPED) else value
 
-    OV = property(lambda self: _factored(self.W_V, self.W_O, "OV"),
-                  doc="TL's FactoredMatrix W_V @ W_O per layer and head: [layers, n, h, h]")
-    QK = property(lambda self: _factored(self.W_Q, self.W_K.transpose(-2, -1), "QK"),
-                  doc="TL's FactoredMatrix W_Q @ W_K^T per layer and head: [layers, n, h, h]")
+    def _per_query_head(self, value: torch.Tensor, dim: int) -> torch.Tensor:
+        """Grouped-query keys or values (n_kv heads along `dim`) repeated to one per query head, query head h
+        reading key/value head h // (n / n_kv), as the attention computes it and TransformerBridge expands them."""
+        heads = self.cfg.n_heads
+        return value.repeat_interleave(heads // value.shape[dim], dim=dim) if value.shape[dim] < heads else value
+
+    OV = property(lambda self: _factored(self._per_query_head(self.W_V, 1), self.W_O, "OV"),
+                  doc="TL's FactoredMatrix W_V @ W_O per layer and query head: [layers, n, h, h]")
+    QK = property(lambda self: _factored(self.W_Q, self._per_query_head(self.W_K, 1).transpose(-2, -1), "QK"),
+                  doc="TL's FactoredMatrix W_Q @ W_K^T per layer and query head: [layers, n, h, h]")
 
     def lens_attribute(self, path: str):
         """What TransformerLens' `path` is on this model: a weight (`blocks.3.attn.W_Q`), a hook (`blocks.3.attn.
@@ -409,8 +420,8 @@ class TransformerLensMixin:
         if template in ("blocks.{i}.attn.OV", "blocks.{i}.attn.QK"):
             attn = path.rsplit(".", 1)[0]
             get = lambda name: self.lens_attribute(f"{attn}.{name}")  # noqa: E731
-            return (_factored(get("W_V"), get("W_O"), path) if path.endswith("OV")
-                    else _factored(get("W_Q"), get("W_K").transpose(-2, -1), path))
+            return (_factored(self._per_query_head(get("W_V"), 0), get("W_O"), path) if path.endswith("OV")
+                    else _factored(get("W_Q"), self._per_query_head(get("W_K"), 0).transpose(-2, -1), path))
         if template in weights:
             layer = int(path.split(".")[1]) if template != path else None
             try:

@@ -399,7 +399,9 @@ def _json(path: Path) -> dict:
 
 def _special_ids(backend, configs: dict[str, dict], path: Path) -> dict[str, int]:
     """role -> id: the token tokenizer_config.json or special_tokens_map.json names for the role (a string or
-    {"content": ...}), else config.json's {role}_token_id (GPT-2's <|endoftext|> is named only there)."""
+    {"content": ...}), else config.json's {role}_token_id (GPT-2's <|endoftext|> is named only there), pad aside:
+    config.json's pad_token_id is the model's (what its classifier skips, what generate fills with), which
+    transformers' tokenizer does not take, so a tokenizer whose files name no pad token has none, as there."""
     ids = {}
     for role in SPECIAL_ROLES:
         for name in ("tokenizer_config.json", "special_tokens_map.json"):
@@ -412,7 +414,7 @@ def _special_ids(backend, configs: dict[str, dict], path: Path) -> dict[str, int
                 ids[role] = found
                 break
         else:
-            from_config = configs.get("config.json", {}).get(f"{role}_token_id")
+            from_config = configs.get("config.json", {}).get(f"{role}_token_id") if role != "pad" else None
             if isinstance(from_config, int) and not isinstance(from_config, bool):
                 if not 0 <= from_config < backend.get_vocab_size(with_added_tokens=True):
                     raise ValueError(f"{path.parent / 'config.json'}: {role}_token_id {from_config} is outside the "

@@ -95,7 +95,7 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
     with no mask given (the fused kernel then applies causality itself, and skips the blocked half).
     `explicit` (or anyone listening on the `scores` / `probs` hook points, or a `softcap`) takes the readable path
     and returns the probabilities [batch, heads, query, key]; otherwise the fused kernel runs and probs is None.
-    `upcast_softmax`: the explicit path's softmax runs in float32 and is cast back (as transformers' eager
+    `upcast_softmax`: the explicit path's softmax runs in float32 (at least) and is cast back (as transformers' eager
     attention computes it for GPT-NeoX and the Llama-like families); it changes nothing in float32.
     `softcap`: scores become softcap · tanh(scores / softcap) before the mask (Gemma 2).
     """
@@ -111,7 +111,9 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
         s = s.masked_fill(~mask.keep, torch.finfo(s.dtype).min)  # set, not added: adding could overflow to -inf
     s = scores(s)
     # each query's weights over the keys it may see sum to 1
-    weights = F.softmax(s, dim=-1, dtype=torch.float32).to(s.dtype) if upcast_softmax else F.softmax(s, dim=-1)
+    # float32 at least: a float64 model's softmax stays in float64
+    weights = F.softmax(s, dim=-1, dtype=torch.promote_types(s.dtype, torch.float32)).to(s.dtype) if upcast_softmax \
+        else F.softmax(s, dim=-1)
     if mask is not None:
         weights = weights.masked_fill(mask.blind, 0.0)  # a query that may see nothing attends to nothing
     weights = probs(weights)

@@ -1,6 +1,7 @@
 """The norms a family reads its residual stream through, each computed as transformers computes it, and each
 declaring what it does, so the layers above (decompositions, the lens, TransformerLens' hook_scale) ask the norm
-instead of assuming LayerNorm:
+instead of assuming LayerNorm. "In float32" is at least float32: a float64 model's norms stay in float64 (a
+float32 round trip there makes its gradients disagree with its finite differences):
 
     LayerNorm     (x - mean(x)) / sqrt(var(x) + eps) * w + b          BERT, GPT-2, GPT-NeoX
     RMSNorm       x / sqrt(mean(x²) + eps) * w                        Llama, Mistral, Qwen (in float32, cast, then w)
@@ -67,11 +68,11 @@ class Norm(nn.Module):
         """Parts [..., h] of a stream through this norm with the stream's `divisor` (broadcastable, from
         `divisor(stream)`): each centred if the norm centres, divided by it and multiplied by the gain. Linear in
         the parts, so parts that summed to the stream sum to the norm's output less its bias."""
-        return (self.centred(parts).float() / divisor * self.gain()).to(parts.dtype)
+        return (self.centred(_at_least_float32(parts)) / divisor * self.gain()).to(parts.dtype)
 
     def gain(self) -> torch.Tensor:
-        """[h] in float32: what the normalised stream is multiplied by."""
-        return self.weight.float()
+        """[h] in float32 at least: what the normalised stream is multiplied by."""
+        return _at_least_float32(self.weight)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -111,7 +112,7 @@ class RMSNorm(Norm):
         super().__init__(hidden_size, eps, dims)
 
     def fused(self, x):
-        wide = x.float()
+        wide = _at_least_float32(x)
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * wide.to(x.dtype)
 
@@ -128,12 +129,12 @@ class GemmaRMSNorm(RMSNorm):
         nn.init.zeros_(self.weight)
 
     def fused(self, x):
-        wide = x.float()
+        wide = _at_least_float32(x)
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (wide * (1.0 + self.weight.float())).type_as(x)
+        return (wide * self.gain()).type_as(x)
 
     def gain(self):
-        return 1.0 + self.weight.float()
+        return 1.0 + _at_least_float32(self.weight)
 
     def affine(self, normalized, dtype):
         return (normalized * self.gain()).to(dtype)

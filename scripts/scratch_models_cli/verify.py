@@ -119,13 +119,13 @@ def verify(model: str | None = None, *, texts: list[str] | None = None, pairs: l
     inputs = {k: v.to(device) for k, v in inputs.items()}
 
     base_rows = family.table.compared(num_layers, with_heads=False)
-    sighted = family.sighted(inputs["attention_mask"]) if "attention_mask" in inputs else None
+    sighted = family.sighted(inputs["attention_mask"], config) if "attention_mask" in inputs else None
     if sighted is not None and bool(sighted.all()):
         sighted = None  # every query is compared: tensors keep their shapes in the report
     if sighted is not None:
-        notes.append(f"{plural(int((~sighted).sum()), 'position')} see no key (all padding before them): there our "
-                     "attention and transformers' SDPA give 0, its eager path an even spread; the eager "
-                     "comparison skips them")
+        notes.append(f"{plural(int((~sighted).sum()), 'position')} see no key (all padding before them, or in a "
+                     "sliding window's reach): there our attention and transformers' SDPA give 0, its eager path an "
+                     "even spread; the eager comparison skips them")
     rows = []
     with _reference_dir(opened) as reference_dir:
         rows += _compare_base(opened, reference_dir, base_rows, inputs, device, torch_dtype, isolate, notes=notes,

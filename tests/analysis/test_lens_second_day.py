@@ -460,10 +460,13 @@ def test_hook_dict_and_mod_dict_as_tl_s_hooked_root_module(built, family):
 @each_family
 def test_tl_parameters_are_the_bridge_s_and_svd_interpreter_reads_them(built, family):
     """TL's weight names as a dict (tl_parameters, what TL's SVDInterpreter reads) and as attributes, the bridge's
-    tensors; the interpreter's singular vectors are the bridge's."""
+    tensors (grouped keys and values, Gemma 2's, repeated to one per query head in the dict, as the bridge's; the
+    attributes keep the key/value heads, as the bridge's); the interpreter's singular vectors are the bridge's."""
     _, ours, bridge, _ = built(family)
     mine, theirs = ours.tl_parameters(), bridge.tl_parameters()
-    assert "blocks.1.attn.W_V" in mine and torch.equal(mine["blocks.1.attn.W_V"], ours.blocks[1].attn.W_V)
+    assert "blocks.1.attn.W_V" in mine and torch.equal(mine["blocks.1.attn.W_Q"], ours.blocks[1].attn.W_Q)
+    assert mine["blocks.1.attn.W_V"].shape[0] == ours.cfg.n_heads
+    assert ours.blocks[1].attn.W_V.shape == bridge.blocks[1].attn.W_V.shape
     shared = mine.keys() & theirs.keys()
     assert {"blocks.0.attn.W_Q", "blocks.1.mlp.W_out", "unembed.W_U", "embed.W_E"} <= shared
     for name in shared:

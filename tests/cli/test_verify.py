@@ -173,6 +173,12 @@ def test_verify_compares_every_row_the_table_marks_in_forward_order(family_check
     assert report.inputs[1].startswith(f"  1. {declared.default_texts[0]!r}")
 
 
+def fused_peer(class_name: str) -> str:
+    """The attention of transformers' `class_name` that verify holds our fused path to: its SDPA, or its eager one
+    where the class declares no SDPA path (Gemma 2's: SDPA cannot soft-cap scores)."""
+    return "SDPA" if getattr(transformers, class_name)._supports_sdpa else "eager"
+
+
 def logits_read(model) -> str:
     """The hook point whose tensor the LM's logits read: its last norm's normalized stream (opt-in)."""
     names = model.hook_names()
@@ -193,7 +199,8 @@ def test_verify_in_half_precision_passes_a_correct_model_and_fails_a_wrong_one(f
     assert report.rows[-1].name == "logits"
     notes = "\n".join(report.notes)
     assert "our explicit attention against transformers' eager" in notes
-    assert "our fused attention against transformers' SDPA" in notes
+    lm = FAMILIES[family].lm.__name__
+    assert f"our fused attention against transformers' {fused_peer(lm)} {lm}" in notes
     (measured,) = [note for note in report.notes if note.startswith("logits: atol")]
     assert f"transformers' {dtype} distance from its float32 logits" in measured
     head = report.rows[-1]
@@ -241,7 +248,8 @@ def test_verify_compares_the_outputs_of_the_checkpoints_own_head_class(tmp_path,
     outputs = [row for row in report.rows if row.reference.startswith(f"{class_name}.")]
     assert [row.name for row in outputs] == outputs_of(family, cls) != []
     assert report.rows.index(outputs[0]) == len(report.rows) - len(outputs)  # after every base-model row
-    assert any(f"our fused attention against transformers' SDPA {class_name}" in note for note in report.notes)
+    assert any(f"our fused attention against transformers' {fused_peer(class_name)} {class_name}" in note
+               for note in report.notes)
 
 
 LAST_TOKEN_READERS = [(family, cls.__name__) for family, declared in FAMILIES.items() for cls in declared.heads

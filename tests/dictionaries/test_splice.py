@@ -28,6 +28,11 @@ def site_of(model) -> str:
         model.family.stream(model).resid_pre(1)
 
 
+def width(model) -> int:
+    """The model's stream width, which its hook points carry (not heads x head size: Gemma 2's differ)."""
+    return model.get_input_embeddings().embedding_dim
+
+
 def logits(output):
     return output.logits if hasattr(output, "logits") else output.last_hidden_state
 
@@ -37,8 +42,7 @@ def logits(output):
 def test_the_error_term_leaves_the_output_bitwise_and_the_features_are_the_dictionarys(family, architecture):
     model = tiny_model(family)
     batch = inputs(model)
-    h = model.config.to_dict().get("hidden_size") or model.config.n_embd
-    sae = random_sae(architecture, h, 40, hook_name=site_of(model))
+    sae = random_sae(architecture, width(model), 40, hook_name=site_of(model))
     plain = logits(model(**batch))
     plain_cached, _ = model.run_with_cache(**batch)
     where = model.attach(sae)
@@ -61,7 +65,7 @@ def test_the_error_term_leaves_the_output_bitwise_and_the_features_are_the_dicti
 def test_without_the_error_term_the_reconstruction_goes_on_and_detach_restores_everything(family):
     model = tiny_model(family)
     batch = inputs(model)
-    sae = random_sae("topk", model.family.stream(model).model.layers[0].attn.num_heads * 16, 40,
+    sae = random_sae("topk", width(model), 40,
                      hook_name=model.family.stream(model).resid_pre(1))
     names, state = model.hook_names(), model.state_dict()
     plain = logits(model(**batch))

@@ -48,7 +48,7 @@ def test_hub_id_offline_and_not_cached_says_so(tmp_path):
         BertModel.from_pretrained("google-bert/bert-base-uncased")
     """, tmp_path)
     assert done.returncode != 0
-    assert "CheckpointError: google-bert/bert-base-uncased: no such local path, and config.json is not in the local " \
+    assert "NotCached: google-bert/bert-base-uncased: no such local path, and config.json is not in the local " \
         "Hugging Face cache" in done.stderr and "while HF_HUB_OFFLINE is set. Download it once" in done.stderr
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from scratch_models import BertModel, CheckpointError, ConfigError
 from scratch_models.families import FAMILIES
-from helpers import LOGITS_ATOL, assert_parity, each_family, fake_hub, http_error, reference
+from helpers import LOGITS_ATOL, assert_parity, each_family, fake_hub, fused_attention, http_error, reference
 
 POSITIONS = 9
 each_causal = pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if family.causal])
@@ -551,8 +551,8 @@ def test_a_bad_call_leaves_the_cache_as_it_was(models, family):
 @each_family
 def test_all_zero_mask_row_is_finite_and_attends_to_nothing(saved, models, family):
     """A row with nothing to attend to gets zero weights and a zero context on both of our paths, as transformers'
-    default SDPA attention gives it (its eager path spreads it evenly instead); documented in forward's
-    docstring. The other row matches eager attention too."""
+    default SDPA attention gives it (its eager path spreads it evenly instead; fused_attention stands in for SDPA
+    where a class has none); documented in forward's docstring. The other row matches eager attention too."""
     import transformers
 
     reference_class = getattr(transformers, lm(family).__name__)
@@ -563,7 +563,7 @@ def test_all_zero_mask_row_is_finite_and_attends_to_nothing(saved, models, famil
         fused = model(IDS, attention_mask=mask)
         explicit = model(IDS, attention_mask=mask, output_attentions=True)
         ref = theirs(IDS, attention_mask=mask, output_attentions=True)
-        theirs.set_attn_implementation("sdpa")
+        theirs.set_attn_implementation(fused_attention(reference_class))
         ref_sdpa = theirs(IDS, attention_mask=mask)
     assert bool(fused.logits.isfinite().all()) and bool(explicit.logits.isfinite().all())
     assert not explicit.attentions[0][1].any()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from helpers import LOGITS_ATOL, assert_parity, each_device, reference, save
+from helpers import LOGITS_ATOL, assert_parity, each_device, fused_attention, reference, save
 from scratch_models.families import FAMILIES
 from scratch_models.generation import KVCache, warp
 
@@ -71,9 +71,10 @@ def left_padded_prompts(family: str, seed: int = 5) -> tuple[torch.Tensor, torch
 
 
 def sdpa_generate(theirs, *args, **kwargs) -> torch.Tensor:
-    """transformers' generate with its default SDPA attention: our generate runs the fused path, so like is compared
-    with like (eager and SDPA round differently, and greedy decoding follows any difference at a near tie)."""
-    theirs.set_attn_implementation("sdpa")
+    """transformers' generate with its default SDPA attention (fused_attention: eager with blind queries zeroed for
+    a class without SDPA): our generate runs the fused path, so like is compared with like (eager and SDPA round
+    differently, and greedy decoding follows any difference at a near tie)."""
+    theirs.set_attn_implementation(fused_attention(type(theirs)))
     try:
         with torch.no_grad():
             return theirs.generate(*args, **kwargs)

@@ -344,3 +344,25 @@ def test_a_declared_logit_cap_caps_the_lm_heads_scores_as_gemma2_does():
     with torch.no_grad():
         _, cache = uncapped.run_with_cache(ids, names=["uncapped_logits", "logits"])
     assert torch.equal(cache["uncapped_logits"], cache["logits"])
+
+
+@pytest.mark.parametrize("norm", [RMSNorm, GemmaRMSNorm])
+def test_norms_and_upcast_softmax_keep_float64(norm):
+    """"In float32" is at least float32: a float64 model's RMS norms and upcast softmax stay in float64 (a float32
+    round trip made gradients disagree with finite differences by 1e-2 relative in attribution patching)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
+    layer = norm(8).double()
+    with torch.no_grad():
+        layer.weight.normal_(generator=g)
+    gain = layer.weight + (1 if norm is GemmaRMSNorm else 0)
+    exact = x / (x.pow(2).mean(-1, keepdim=True) + layer.eps).sqrt() * gain
+    with torch.no_grad():
+        assert (layer(x) - exact).abs().max() < 1e-13
+        assert (layer.affine(layer.normalize(x), x.dtype) - exact).abs().max() < 1e-13  # the path hooks take
+        assert (layer.frozen(x, layer.divisor(x)) - exact).abs().max() < 1e-13
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    _, probs = attend(q, k, v, None, scale=8 ** -0.5, dropout_p=0.0, scores=points()[0], probs=points()[1],
+                      explicit=True, upcast_softmax=True)
+    exact = torch.softmax(q @ k.transpose(-1, -2) * 8 ** -0.5, dim=-1)
+    assert (probs - exact).abs().max() < 1e-13

@@ -1,0 +1,113 @@
+"""Gemma 2 in TransformerLens' names, against TransformerLens' own TransformerBridge over transformers' Gemma 2 with
+the same random weights (its weight processing off): every hook name both have holds the same tensor (the norms
+after each sublayer, ln1_post and ln2_post, and their hook_scale included), TL's weights and config fields are the
+bridge's; the names Gemma Scope's dictionaries are read at resolve on a deep model."""
+
+import pytest
+import torch
+import transformers
+
+from helpers import assert_bridge_tensors, reference, save
+from scratch_models import Gemma2Config, Gemma2ForCausalLM
+from scratch_models.families import FAMILIES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
+
+# the bridge gives no b_Q ... b_out for a model without biases ("construct zeros"): ours are those zeros
+WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_U")
+# the bridge's rotary angles (per layer and the model's), ours computed once per forward (Gemma2Model.positional)
+# and held at no hook point; and the bridge's copy of the attention's output
+BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    directory = save(reference("gemma2"), tmp_path_factory.mktemp("gemma2"))
+    hf = transformers.Gemma2ForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
+    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return Gemma2ForCausalLM.from_pretrained(directory, transformer_lens=True), bridge
+
+
+def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
+    ours, bridge = models
+    ids = torch.randint(1, 36, (2, 9), generator=torch.Generator().manual_seed(0))  # longer than the window
+    with torch.no_grad():
+        logits, theirs = bridge.run_with_cache(ids)
+        our_logits, cache = ours.run_with_cache(ids)
+    assert torch.equal(our_logits, logits)  # capped, both
+    # every name of the bridge's but its modules' bare inputs and outputs, and those we declare too (the norms')
+    declared = ours.lens_names()
+    names = [name for name in theirs.keys() if name in declared or not name.endswith((".hook_in", ".hook_out"))]
+    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
+    assert {"hook_embed", "blocks.1.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_rot_k",
+            "blocks.0.attn.hook_attn_scores", "blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z",
+            "blocks.0.attn.hook_out", "blocks.0.ln1_post.hook_scale", "blocks.0.ln1_post.hook_out",
+            "blocks.0.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_pre_linear",
+            "blocks.1.mlp.hook_post", "blocks.1.ln2_post.hook_normalized", "blocks.1.hook_mlp_out",
+            "blocks.1.hook_resid_post", "ln_final.hook_scale", "hook_unembed"} <= set(compared)
+    # grouped-query attention in TL's default layout: keys and values keep their 2 key/value heads
+    assert cache["blocks.0.attn.hook_k"].shape == (2, 9, 2, 16) and cache["blocks.0.attn.hook_q"].shape == (2, 9, 4, 16)
+    # the window: layer 0's query 8 sees keys 4..8 only
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert bool((pattern[:, :, 8, :4] == 0).all()) and bool((cache["blocks.1.attn.hook_pattern"][:, :, 8] > 0).all())
+    # what attention adds to the stream is after ln1_post, not the heads' merged output
+    assert not torch.allclose(cache["blocks.0.hook_attn_out"], cache["blocks.0.attn.hook_out"])
+    assert torch.allclose(cache["blocks.0.hook_resid_mid"],
+                          cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"], atol=1e-6)
+
+
+def test_weights_and_config_are_the_bridges(models):
+    ours, bridge = models
+    for name in WEIGHTS:
+        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
+    for layer in range(2):
+        for name in ("W_gate", "W_in", "W_out"):
+            assert torch.equal(getattr(ours.blocks[layer].mlp, name), getattr(bridge.blocks[layer].mlp, name)), name
+    assert not ours.b_Q.any() and ours.b_K.shape == (2, 2, 16) and not ours.b_out.any()
+    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "eps",
+                  "positional_embedding_type", "normalization_type", "gated_mlp", "final_rms", "n_key_value_heads",
+                  "rotary_base", "attn_scores_soft_cap", "output_logits_soft_cap", "rmsnorm_uses_offset",
+                  "uses_rms_norm", "tie_word_embeddings"):
+        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
+    assert ours.cfg.attn_scale == 12 ** 0.5 and ours.cfg.window_size == 5  # the bridge leaves these at defaults
+    assert ours.cfg.layer_types == bridge.cfg.layer_types
+
+
+def test_the_norm_weights_are_stored_as_the_bridge_reads_them_and_applied_plus_one(models):
+    """ln1.w is the stored w (the bridge's too); the norm computes (1 + w): hook_normalized times (1 + w) is
+    ln1's output."""
+    ours, bridge = models
+    for path in ("ln1", "ln1_post", "ln2", "ln2_post"):
+        assert torch.equal(getattr(ours.blocks[1], path).w, getattr(bridge.blocks[1], path).weight), path
+    ids = torch.arange(1, 8)[None]
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(ids)
+    rebuilt = cache["blocks.1.ln1.hook_normalized"] * (1 + ours.blocks[1].ln1.w)
+    assert torch.allclose(rebuilt, cache["blocks.1.ln1.hook_out"], atol=1e-6)
+
+
+def test_the_bridges_rotary_angle_hooks_are_refused_saying_where_the_angles_are(models):
+    ours, _ = models
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(torch.arange(1, 8)[None])
+    with pytest.raises(KeyError, match="rotary angles are computed once per forward pass"):
+        cache["blocks.0.attn.hook_cos"]
+
+
+def test_gemma_scopes_hook_names_resolve_on_a_deep_model():
+    """Gemma Scope's dictionaries read the residual stream after a block, the MLP's output and each head's z:
+    `blocks.12.hook_resid_post`, `blocks.12.hook_mlp_out`, `blocks.12.attn.hook_z` name our tensors (a 13-layer
+    model, random)."""
+    model = Gemma2ForCausalLM(Gemma2Config(**FAMILIES["gemma2"].tiny_config | dict(num_hidden_layers=13))).eval()
+    names = model.lens_names()
+    assert names["blocks.12.hook_resid_post"].source == "layers.12.out"
+    assert names["blocks.12.hook_mlp_out"].source == "layers.12.mlp_out"
+    assert names["blocks.12.hook_attn_out"].source == "layers.12.attn_out"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.arange(1, 8)[None], names=["layers.12.out", "layers.12.attn.context"])
+    assert torch.equal(cache["blocks.12.hook_resid_post"], cache["layers.12.out"])
+    assert torch.equal(cache["blocks.12.attn.hook_z"], cache["layers.12.attn.context"].transpose(1, 2))
