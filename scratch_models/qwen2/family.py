@@ -38,4 +38,5 @@ FAMILY = Family(
     lm_checkpoint="Qwen/Qwen2.5-0.5B",
     # TL 4.3's bridge gives Qwen 2 text no BOS by default (its Qwen2 adapter), as it does Qwen 3's
     transformer_lens=dataclasses.replace(transformer_lens.TABLE, prepend_bos=False),
+    window_field="sliding_window",  # the window of its sliding layers (null without use_sliding_window)
 )
