@@ -213,7 +213,7 @@ def test_split_qkv_input_feeds_one_head_s_queries_keys_or_values_only(built, fam
         # the bridge forks one copy per key/value head, so a multi-query family (Mistral's tiny: one) has head 0 only
         head = min(1, heads - 1)
         assert copy.shape == (*tokens.shape, heads, ours.cfg.d_model)
-        assert all(torch.equal(copy[:, :, head], cache["blocks.1.hook_resid_pre"]) for head in range(heads))
+        assert all(torch.equal(copy[:, :, h], cache["blocks.1.hook_resid_pre"]) for h in range(heads))
         # reading the copy changes nothing
         with torch.no_grad():
             assert torch.equal(ours.run_with_hooks(tokens, fwd_hooks=[(name, lambda t, hook: None)]), plain)
