@@ -33,4 +33,5 @@ FAMILY = Family(
     output_fields=OUTPUT_FIELDS,
     lm_checkpoint="mistralai/Mistral-7B-v0.1",
     transformer_lens=transformer_lens.TABLE,
+    window_field="sliding_window",  # every layer's window
 )

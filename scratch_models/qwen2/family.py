@@ -1,6 +1,8 @@
 """Qwen 2 declares itself: its classes, mapping table and residual stream (Llama's), for the layers above the
 models."""
 
+import dataclasses
+
 from weight_mapping.qwen2 import QWEN2
 
 from ..family import Family
@@ -34,5 +36,7 @@ FAMILY = Family(
     summary=SUMMARY.format(title="Qwen 2", heads=GROUPED, more=WINDOW),
     output_fields=OUTPUT_FIELDS,
     lm_checkpoint="Qwen/Qwen2.5-0.5B",
-    transformer_lens=transformer_lens.TABLE,
+    # TL 4.3's bridge gives Qwen 2 text no BOS by default (its Qwen2 adapter), as it does Qwen 3's
+    transformer_lens=dataclasses.replace(transformer_lens.TABLE, prepend_bos=False),
+    window_field="sliding_window",  # the window of its sliding layers (null without use_sliding_window)
 )

@@ -32,4 +32,5 @@ FAMILY = Family(
     output_fields=OUTPUT_FIELDS,
     lm_checkpoint="Qwen/Qwen3-0.6B",
     transformer_lens=transformer_lens.TABLE,
+    window_field="sliding_window",  # Qwen 2's, which its config keeps (null without use_sliding_window)
 )

@@ -22,5 +22,6 @@ WEIGHTS = {**llama.WEIGHTS,
            "blocks.{i}.attn.q_norm.w": lambda model, layer: model.layers[layer].attn.q_norm.weight,
            "blocks.{i}.attn.k_norm.w": lambda model, layer: model.layers[layer].attn.k_norm.weight}
 
+# TL 4.3's bridge gives Qwen 3 text no BOS by default (its Qwen3 adapter), unlike Llama's
 TABLE = LensTable(HOOKS, WEIGHTS, llama.config,
-                  summary=llama.TABLE.summary + "\n\n" + __doc__.split("\n\n", 1)[1].strip())
+                  summary=llama.TABLE.summary + "\n\n" + __doc__.split("\n\n", 1)[1].strip(), prepend_bos=False)

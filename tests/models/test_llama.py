@@ -233,6 +233,22 @@ def test_cache_step_by_step_equals_one_forward_across_the_window(generating, fam
     assert_parity(torch.cat(steps, dim=1)[seen], full[seen], "logits, cached", atol=LOGITS_ATOL)
 
 
+@pytest.mark.parametrize("family, window", [
+    ("mistral", {"sliding_window": 2}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 2, "max_window_layers": 0}),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 2, "max_window_layers": 0}),
+])
+def test_a_right_padded_query_past_the_window_is_blind_as_the_family_declares(family, window):
+    """Two keys seen, itself included: after three real tokens the fifth query on sees padding only, where our
+    attention gives 0 and transformers' eager an even spread (verify and the eager comparisons skip it)."""
+    declared = FAMILIES[family]
+    config = declared.tiny(**window)
+    assert all(config.sliding_layers)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+    assert declared.sighted(mask, config).tolist() == [[True] * 4 + [False] * 3, [True] * 7]
+    assert declared.sighted(mask, declared.tiny(sliding_window=None)).all()
+
+
 @each_llama_like
 @pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "seeded sampling"])
 def test_generation_matches_transformers_token_for_token(generating, family, sampling):
