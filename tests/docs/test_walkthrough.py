@@ -105,12 +105,12 @@ def test_no_number_on_the_page_is_a_zero_rounded_to_four_decimals():
 
 
 def test_gpt_neox_has_a_chapter_on_rotary_embeddings_and_the_parallel_residual():
-    from scratch_models.gpt_neox.model import rotary_angles, rotate
+    from scratch_models.parts.rotary import RotaryEmbedding, rotate
 
     page = PAGE.read_text(encoding="utf-8")
     chapter = page[page.index("## 8. GPT-NeoX"):page.index("## Where to go next")]
     assert "rotary" in chapter and "parallel residual" in chapter and "resid_mid" in chapter
-    for function in (rotary_angles, rotate):
+    for function in (RotaryEmbedding.forward, rotate):
         assert excerpt(function).code in chapter
     # the table shows the score depending on the distance alone: equal for equal m - n, different otherwise
     rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \| (-?\d+\.\d{4}) \|$", chapter, re.M)
