@@ -357,11 +357,14 @@ def test_kill_9_inside_the_only_shard_costs_only_what_was_not_yet_kept(tmp_path,
 @pytest.mark.slow
 def test_ctrl_c_says_what_is_kept_exits_130_and_the_same_command_resumes(tiny_gpt2, many_shards):
     data, reference, out, env = many_shards
-    # held once 3 shards are written (the signal comes mid-run however fast the machine), with its bar
-    shown = [word for word in held(tiny_gpt2[0], data, out, out.parent / "never", shards=3) if word != "--quiet"]
+    # held once 3 shards are written (the signal comes mid-run however fast the machine), with its bar; released
+    # right after the signal, so the forward passes on harvest's threads finish and it can stop
+    release = out.parent / "release"
+    shown = [word for word in held(tiny_gpt2[0], data, out, release, shards=3) if word != "--quiet"]
     process = subprocess.Popen(shown, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: len(list(out.glob("data-*.arrow"))) >= 3, process)
     process.send_signal(signal.SIGINT)
+    release.touch()
     assert process.wait(timeout=60) == 130
     said = process.stderr.read()
     assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
