@@ -364,6 +364,7 @@ def test_ctrl_c_says_what_is_kept_exits_130_and_the_same_command_resumes(tiny_gp
     process = subprocess.Popen(shown, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: len(list(out.glob("data-*.arrow"))) >= 3, process)
     process.send_signal(signal.SIGINT)
+    time.sleep(3)  # the interrupt handled first; then the held passes return and harvest stops
     release.touch()
     assert process.wait(timeout=60) == 130
     said = process.stderr.read()
