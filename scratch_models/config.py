@@ -156,6 +156,14 @@ def require_sane_sizes(config, source: str, layers: str, *matrices: tuple[str, s
                               f"2**{MAX_MATRIX.bit_length() - 1} accepted")
 
 
+def require_grouped_heads(config, source: str) -> None:
+    """Grouped-query attention's fields: each key/value head serves a whole group of query heads."""
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ConfigError(f"{source}: num_attention_heads {config.num_attention_heads} is not a multiple of "
+                          f"num_key_value_heads {config.num_key_value_heads}: each key/value head serves a group "
+                          "of query heads")
+
+
 def require_problem_type(config, source: str) -> None:
     if config.problem_type is not None and config.problem_type not in PROBLEM_TYPES:
         raise ConfigError(f"{source}: field 'problem_type' is {config.problem_type!r}; it should be null or one of "

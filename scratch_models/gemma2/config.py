@@ -10,8 +10,8 @@ The -it checkpoints end text at either of two tokens (`eos_token_id` [1, 107]): 
 import dataclasses
 import reprlib
 
-from ..config import (ConfigError, ModelConfig, require_positive, require_probability, require_problem_type,
-                      require_sane_sizes)
+from ..config import (ConfigError, ModelConfig, require_grouped_heads, require_positive, require_probability,
+                      require_problem_type, require_sane_sizes)
 from ..parts.rotary import rope_fields
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -98,10 +98,7 @@ class Gemma2Config(ModelConfig):
             if getattr(self, name) is not None:
                 require_probability(self, source, name)
         require_problem_type(self, source)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
-                              f"num_key_value_heads {self.num_key_value_heads}: each key/value head serves a group "
-                              "of query heads")
+        require_grouped_heads(self, source)
         if self.head_dim % 2:
             raise ConfigError(f"{source}: head_dim {self.head_dim} is odd; the rotary embedding turns pairs of "
                               "dimensions")

@@ -8,8 +8,8 @@ saved, as `rope_theta` and `rope_scaling`, which every transformers version read
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_positive, require_probability, require_problem_type,
-                      require_sane_sizes)
+from ..config import (ConfigError, ModelConfig, require_grouped_heads, require_positive, require_probability,
+                      require_problem_type, require_sane_sizes)
 from ..parts.rotary import rope_fields
 
 
@@ -92,10 +92,7 @@ class LlamaLikeConfig(ModelConfig):
             if getattr(self, name) is not None:
                 require_probability(self, source, name)
         require_problem_type(self, source)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"{source}: num_attention_heads {self.num_attention_heads} is not a multiple of "
-                              f"num_key_value_heads {self.num_key_value_heads}: each key/value head serves a group "
-                              "of query heads")
+        require_grouped_heads(self, source)
         if self.head_dim is None:
             raise ConfigError(f"{source}: hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                               f"{self.num_attention_heads}, and no head_dim is given")
