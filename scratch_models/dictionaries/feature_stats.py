@@ -12,12 +12,13 @@ Per feature of a dictionary of d_sae features:
 
 All of it merges: two FeatureStats over disjoint parts of a corpus make, merged, the FeatureStats of the whole (the
 sums add, the kept examples are re-chosen by the same order), which is how a resumed run and the ranks of torchrun
-combine their parts. Memory: d_sae x (BINS x 8 + (top_k + samples) x (context x 8 + 48)) bytes, and at most as many
-entries again waiting to be sorted in, with their windows; 16384 features with the defaults take about 270 MB.
+combine their parts. Memory, all of it taken when the pass starts so that it cannot grow: d_sae x (BINS x 8 +
+(top_k + samples) x (context x 8 + 48)) bytes, and as many entries again (at least PENDING) waiting to be sorted in,
+with their windows; 16384 features with the defaults take about 300 MB.
 
 Fast enough to keep up with the forward passes: each batch's firings are counted at once, and those that may enter
 the top or the sample (their key passes the feature's threshold as it stands) have their context read while the
-batch is there and wait in a buffer, which is sorted into the kept rows once it holds as many entries as they do.
+batch is there and wait in a buffer, which is sorted into the kept rows before it would hold more than its bound.
 """
 
 import torch
@@ -66,11 +67,11 @@ def sample_order(token: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
 
 
 class Windows:
-    """The context windows of kept examples: token ids and activations [width] each, in slots that the Keeps point
-    to. Slots are appended as examples are kept; `compact` drops those no Keep points to any more, so the memory
-    stays within a constant of what is kept."""
+    """The context windows of kept and waiting examples: token ids and activations [width] each, in `capacity` slots
+    taken at once (the memory a pass holds is known from its start); the Keeps point to slots. Slots are appended as
+    examples wait; `compact` moves those a Keep points to to the front and frees the rest."""
 
-    def __init__(self, width: int, capacity: int = 1024):
+    def __init__(self, width: int, capacity: int):
         self.ids = torch.full((capacity, width), -1, dtype=torch.int32)
         self.acts = torch.zeros(capacity, width)
         self.used = 0
@@ -78,29 +79,28 @@ class Windows:
     def add(self, ids: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
         """Store windows [n, width] each; their slots [n]."""
         count = len(ids)
-        if self.used + count > len(self.ids):
-            grown = max(2 * len(self.ids), self.used + count)
-            self.ids = torch.cat([self.ids, torch.full((grown - len(self.ids), self.ids.shape[1]), -1,
-                                                       dtype=torch.int32)])
-            self.acts = torch.cat([self.acts, torch.zeros(grown - len(self.acts), self.acts.shape[1])])
+        if self.used + count > len(self.ids):  # FeatureStats flushes before this: a broken bound, not bad input
+            raise RuntimeError(f"context windows over their capacity: {self.used} + {count} > {len(self.ids)}")
         self.ids[self.used:self.used + count], self.acts[self.used:self.used + count] = ids, acts
         self.used += count
         return torch.arange(self.used - count, self.used)
 
     def at(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The windows (ids, acts) [*slots.shape, width] at `slots`; an empty slot (-1) gives a blank window (ids
-        -1, acts 0), also when no window was ever stored (no feature fired on the corpus)."""
+        -1, acts 0)."""
         blank = (slots < 0)[..., None]
-        if len(self.ids) == 0:
-            width = self.ids.shape[1]
-            return torch.full((*slots.shape, width), -1, dtype=torch.int32), torch.zeros(*slots.shape, width)
         at = slots.clamp(min=0)
         return self.ids[at].masked_fill(blank, -1), self.acts[at].masked_fill(blank, 0.0)
 
+    def load(self, ids: torch.Tensor, acts: torch.Tensor) -> None:
+        """Hold the saved windows `ids`, `acts` [n, width] in the first n slots."""
+        self.used = 0
+        self.add(ids, acts)
+
     def compact(self, keeps: list["Keep"]) -> None:
-        """Keep only the windows `keeps` point to (two may point to one), renumbered in order."""
+        """Keep only the windows `keeps` point to (two may point to one), renumbered in order, in place."""
         live = torch.unique(torch.cat([keep.slot[keep.key >= 0] for keep in keeps]))
-        self.ids, self.acts = self.ids[live], self.acts[live]
+        self.ids[:len(live)], self.acts[:len(live)] = self.ids[live], self.acts[live]
         self.used = len(live)
         for keep in keeps:
             filled = keep.key >= 0
@@ -200,11 +200,19 @@ class FeatureStats:
         self.fired = torch.zeros(features, dtype=torch.int64)
         self.total = torch.zeros(features, dtype=torch.float64)
         self.hist = torch.zeros(features, BINS, dtype=torch.int64)
-        self.windows = Windows(before + 1 + after)
+        kept = features * (top_k + samples)
+        self.limit = max(PENDING, kept)  # entries waiting at most
+        self.windows = Windows(before + 1 + after, kept + self.limit)
         self.top = Keep(features, top_k, self.windows)
         self.sample = Keep(features, samples, self.windows)
-        self.pending: list[dict] = []  # entries that may enter the top or the sample, with their windows stored
+        # entries that may enter the top or the sample (their windows stored), in columns taken once: small tensors
+        # kept per batch among the large passing ones would pin the heap, and the process would grow with the corpus
+        self.pending = {name: torch.empty(self.limit, dtype=dtype) for name, dtype in self.PENDING.items()}
         self.waiting = 0
+
+    PENDING = {"feature": torch.int64, "token": torch.int64, "value": torch.float32, "document": torch.int64,
+               "position": torch.int64, "slot": torch.int64, "top": torch.int64, "sample": torch.int64,
+               "to_top": torch.bool, "to_sample": torch.bool}
 
     def add(self, acts: torch.Tensor, batch: "BatchPlaces") -> None:
         """Count the feature activations `acts` [rows, features] (on any device) of one forward batch; `batch` says
@@ -221,24 +229,25 @@ class FeatureStats:
         token = batch.token[rows]
         top, sample = top_key(values, token), sample_order(token, features)
         to_top, to_sample = top > self.top.threshold()[features], sample > self.sample.threshold()[features]
-        chosen = (to_top | to_sample).nonzero().squeeze(1)
-        if not len(chosen):
-            return
-        ids, window = batch.window(acts, rows[chosen], features[chosen], self.before, self.after)
-        self.pending.append({"feature": features[chosen], "token": token[chosen], "value": values[chosen],
-                             "document": batch.document[rows[chosen]], "position": batch.position[rows[chosen]],
-                             "slot": self.windows.add(ids, window), "top": top[chosen], "sample": sample[chosen],
-                             "to_top": to_top[chosen], "to_sample": to_sample[chosen]})
-        self.waiting += len(chosen)
-        if self.waiting >= max(PENDING, self.features * (self.top.size + self.sample.size)):
-            self.flush()
+        # a batch early in the corpus may offer more than the buffer holds: in pieces, sorting in before each overflow
+        for chosen in (to_top | to_sample).nonzero().squeeze(1).split(self.limit):
+            if self.waiting + len(chosen) > self.limit:
+                self.flush()
+            ids, window = batch.window(acts, rows[chosen], features[chosen], self.before, self.after)
+            entries = {"feature": features[chosen], "token": token[chosen], "value": values[chosen],
+                       "document": batch.document[rows[chosen]], "position": batch.position[rows[chosen]],
+                       "slot": self.windows.add(ids, window), "top": top[chosen], "sample": sample[chosen],
+                       "to_top": to_top[chosen], "to_sample": to_sample[chosen]}
+            for name, column in self.pending.items():
+                column[self.waiting:self.waiting + len(chosen)] = entries[name]
+            self.waiting += len(chosen)
 
     def flush(self) -> None:
         """Sort the waiting entries into the top and the sample; drop the windows no one points to any more."""
-        if not self.pending:
+        if not self.waiting:
             return
-        entries = {name: torch.cat([p[name] for p in self.pending]) for name in self.pending[0]}
-        self.pending, self.waiting = [], 0
+        entries = {name: column[:self.waiting] for name, column in self.pending.items()}
+        self.waiting = 0
         for keep, key, offered in ((self.top, entries["top"], entries["to_top"]),
                                    (self.sample, entries["sample"], entries["to_sample"])):
             at = offered.nonzero().squeeze(1)
@@ -273,8 +282,7 @@ class FeatureStats:
         stats.fired, stats.total, stats.hist = state["fired"], state["total"], state["hist"]
         stats.top.load(state["top"])
         stats.sample.load(state["sample"])
-        stats.windows.ids, stats.windows.acts = state["window_ids"], state["window_acts"]
-        stats.windows.used = len(state["window_ids"])
+        stats.windows.load(state["window_ids"], state["window_acts"])
         return stats
 
     def quantiles(self, q: torch.Tensor) -> torch.Tensor:
