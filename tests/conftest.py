@@ -13,22 +13,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 # Failures known on the Llama-like families, found by the every-family suites when those families were merged and not
 # yet fixed: each runs as a strict expected failure (a pass fails the run, so a fix is noticed), named in issue 27's
-# note. The tiny configs' greedy runs never produce a token the end-token tests need (their premise, as Gemma 2's
-# tied embedding did); the others are not yet understood.
-PREMISE = "the tiny model's greedy run has no token only one row produces, which the end-token tests pick"
+# note.
 KNOWN_FAILURES = {
-    **{f"tests/models/test_generate_edges.py::{test}[{family}]": PREMISE for test, family in (
-        ("test_a_list_of_eos_ids_stops_each_row_at_any_of_them_like_transformers", "mistral"),
-        ("test_a_list_of_eos_ids_stops_each_row_at_any_of_them_like_transformers", "qwen2"),
-        ("test_a_list_of_eos_ids_stops_each_row_at_any_of_them_like_transformers", "qwen3"),
-        ("test_the_configs_ids_are_checked_where_they_are_used", "mistral"),
-        ("test_the_configs_ids_are_checked_where_they_are_used", "qwen3"),
-        ("test_a_config_list_skips_end_tokens_outside_the_vocabulary", "qwen2"),
-        ("test_a_config_list_skips_end_tokens_outside_the_vocabulary", "qwen3"),
-        ("test_config_eos_inside_the_vocabulary_stops_and_pads_like_transformers", "mistral"),
-        ("test_config_eos_inside_the_vocabulary_stops_and_pads_like_transformers", "qwen3"),
-        ("test_eos_none_turns_stopping_off_like_transformers", "mistral"),
-        ("test_eos_none_turns_stopping_off_like_transformers", "qwen3"))},
     **{f"tests/cli/test_verify.py::test_verify_compares_the_outputs_of_the_checkpoints_own_head_class[{case}]":
        "verify of a Llama-like question-answering checkpoint (its base model under `transformer.`) fails; not yet "
        "understood" for case in ("llama-LlamaForQuestionAnswering", "qwen2-Qwen2ForQuestionAnswering",

@@ -26,13 +26,23 @@ def models(request, tmp_path_factory):
     outside the vocabulary (the case that could not generate at all), with its default SDPA attention as our generate
     runs the fused path, and ours loaded from its save. The unembedding is untied: tied to an embedding that
     dominates one layer's stream (Gemma 2 scales it by sqrt(hidden)), greedy decoding repeats each prompt's last token
-    forever, and no end token can change what a row generates."""
+    forever, and no end token can change what a row generates. The weights are the first seed's whose free run gives
+    rows 0 and 1 a token no other row generates (the end tokens the tests choose): a random one-layer model often
+    settles every row on one or two shared tokens."""
     family = FAMILIES[request.param]
     changes = {"vocab_size": VOCAB, "eos_token_id": OUTSIDE, "pad_token_id": None, family.table.layers_field: 1,
                "tie_word_embeddings": False}
-    theirs = reference(request.param, attention="sdpa", seed=2, **changes)
+    for seed in range(2, 12):
+        theirs = reference(request.param, attention="sdpa", seed=seed, **changes)
+        model = family.lm.from_pretrained(save(theirs, tmp_path_factory.mktemp(f"{request.param}-eos-outside-vocab")))
+        ids, mask = left_padded()
+        new = model.generate(ids, attention_mask=mask, max_new_tokens=NEW)[:, WIDTH:]
+        if all(set(new[row].tolist()) - set(new[[r for r in range(3) if r != row]].flatten().tolist())
+               for row in (0, 1)):
+            break
+    else:
+        pytest.fail(f"no seed in 2..11 gives {request.param}'s rows 0 and 1 a token of their own")
     assert (theirs.config.eos_token_id, theirs.config.pad_token_id) == (OUTSIDE, None)
-    model = family.lm.from_pretrained(save(theirs, tmp_path_factory.mktemp(f"{request.param}-eos-outside-vocab")))
     assert model.config.eos_token_id == OUTSIDE
     return theirs, model
 
