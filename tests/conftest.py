@@ -19,11 +19,6 @@ KNOWN_FAILURES = {
        "verify of a Llama-like question-answering checkpoint (its base model under `transformer.`) fails; not yet "
        "understood" for case in ("llama-LlamaForQuestionAnswering", "qwen2-Qwen2ForQuestionAnswering",
                                  "qwen3-Qwen3ForQuestionAnswering")},
-    "tests/models/test_generation.py::test_greedy_generation_matches_transformers_token_for_token[qwen3-cpu]":
-        "Qwen 3's greedy test finds no distinguishing token in its run (as the end-token tests); not yet understood",
-    **{f"tests/models/test_generation.py::test_sampling_is_seeded_and_respects_top_k[{family}]":
-       "a sampled token ranks past top_k on the sliding-window families; not yet understood" for family in
-       ("mistral", "qwen2")},
     "tests/models/test_generation_config.py::test_generation_config_json_sets_the_defaults_as_in_transformers[qwen2]":
         "not yet understood",
 }

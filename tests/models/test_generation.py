@@ -39,12 +39,14 @@ def loaded(tmp_path_factory):
 
 @pytest.fixture
 def endless(loaded, family):
-    """Our model with no end token: it always generates max_new_tokens."""
+    """Our model with no end token, in its config nor in its generation config (generate's defaults, from the
+    checkpoint's generation_config.json): it always generates max_new_tokens."""
     model = loaded[family][1]
-    config = model.config
+    config, generation = model.config, model.generation_config
     model.config = dataclasses.replace(config, eos_token_id=None)
+    model.generation_config = dataclasses.replace(generation, eos_token_id=None)
     yield model
-    model.config = config
+    model.config, model.generation_config = config, generation
 
 
 def vocab(family: str) -> int:
@@ -145,8 +147,8 @@ def test_logits_to_keep_gives_the_last_positions_only(loaded, family):
 @each_device
 @each_causal
 def test_greedy_generation_matches_transformers_token_for_token(loaded, family, device):
-    """Left-padded prompts of lengths 7, 3, 5 and 1; then with an end token that row 0 generates and row 1 never
-    does: row 0 stops and is padded, row 1 runs on, as in transformers."""
+    """Left-padded prompts of lengths 7, 3, 5 and 1; then with an end token that one row generates before its last
+    step and another never does: the first stops and is padded, the other runs on, as in transformers."""
     theirs, model, directory = loaded[family]
     if device != "cpu":  # copies: the module's models stay on the CPU
         theirs = reference(family).to(device)
@@ -161,12 +163,13 @@ def test_greedy_generation_matches_transformers_token_for_token(loaded, family, 
     ours, expected = both(eos_token_id=None)
     assert torch.equal(ours, expected), f"\nours   {ours}\ntheirs {expected}"
     new = ours[:, 7:]
-    eos = next(int(t) for t in new[0] if int(t) not in new[1].tolist())
+    stopping, running, eos = next((a, b, int(t)) for a in range(len(new)) for b in range(len(new)) if a != b
+                                  for t in new[a, :-1] if int(t) not in new[b].tolist())
     ours, expected = both(eos_token_id=eos)
     assert torch.equal(ours, expected), f"\nours   {ours}\ntheirs {expected}"
-    stop = ours[0, 7:].tolist().index(eos)
-    assert stop < ours.shape[1] - 8 and set(ours[0, 8 + stop:].tolist()) == {PAD}
-    assert not (ours[1, 7:] == eos).any()
+    stop = ours[stopping, 7:].tolist().index(eos)
+    assert stop < ours.shape[1] - 8 and set(ours[stopping, 8 + stop:].tolist()) == {PAD}
+    assert not (ours[running, 7:] == eos).any()
 
 
 @each_causal
