@@ -19,8 +19,6 @@ KNOWN_FAILURES = {
        "verify of a Llama-like question-answering checkpoint (its base model under `transformer.`) fails; not yet "
        "understood" for case in ("llama-LlamaForQuestionAnswering", "qwen2-Qwen2ForQuestionAnswering",
                                  "qwen3-Qwen3ForQuestionAnswering")},
-    "tests/models/test_generation_config.py::test_generation_config_json_sets_the_defaults_as_in_transformers[qwen2]":
-        "not yet understood",
 }
 
 
