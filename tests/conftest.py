@@ -11,25 +11,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-# Failures known on the Llama-like families, found by the every-family suites when those families were merged and not
-# yet fixed: each runs as a strict expected failure (a pass fails the run, so a fix is noticed), named in issue 27's
-# note.
-KNOWN_FAILURES = {
-    **{f"tests/cli/test_verify.py::test_verify_compares_the_outputs_of_the_checkpoints_own_head_class[{case}]":
-       "verify of a Llama-like question-answering checkpoint (its base model under `transformer.`) fails; not yet "
-       "understood" for case in ("llama-LlamaForQuestionAnswering", "qwen2-Qwen2ForQuestionAnswering",
-                                 "qwen3-Qwen3ForQuestionAnswering")},
-}
-
-
 def pytest_collection_modifyitems(items):
-    """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is. A known failure
-    (KNOWN_FAILURES) is a strict expected failure."""
+    """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is."""
     for item in items:
         if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        if item.nodeid in KNOWN_FAILURES:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[item.nodeid]))
 
 
 @pytest.fixture(scope="session")

@@ -190,8 +190,23 @@ def _base_models(opened: Opened, reference_dir, rows, device, dtype, notes: list
     hook_names = set(ours.hook_names())
     notes += [f"{row.ours}: not in this checkpoint, not compared" for row in rows if row.ours not in hook_names]
     rows = [row for row in rows if row.ours in hook_names]
-    reference = getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="eager",
-                                                            dtype=dtype).to(device).eval()
+    reference, info = getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="eager",
+                                                                  dtype=dtype, output_loading_info=True)
+    head = opened.head()
+    if info["missing_keys"] and head is not None:
+        # transformers' base class reads only its own prefix: a head class that names its base otherwise (Llama's
+        # question answering keeps it under `transformer.`) is read whole, and its own base compared
+        whole, info = getattr(transformers, head.__name__).from_pretrained(
+            reference_dir, attn_implementation="eager", dtype=dtype, output_loading_info=True)
+        reference = whole.base_model
+        notes.append(f"{name}: transformers' {name} does not read this file's base model (under "
+                     f"`{whole.base_model_prefix}.`): compared with the base model of its {head.__name__}")
+    if info["missing_keys"]:  # a reference with freshly drawn weights would make any comparison meaningless
+        missing = sorted(info["missing_keys"])
+        raise CheckpointError(f"{opened.source}: transformers' {name} left {plural(len(missing), 'tensor')} of this "
+                              f"checkpoint unloaded ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
+                              "there is no reference to compare with")
+    reference = reference.to(device).eval()
     notes.append(f"{name}: our explicit attention against transformers' eager {name}")
     return ours, reference, rows
 
