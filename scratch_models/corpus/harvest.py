@@ -225,7 +225,7 @@ class Threads:
 
     def __str__(self) -> str:
         return (f"{self.forward} forward thread{'s' * (self.forward != 1)} on {self.torch} torch thread"
-                f"{'s' * (self.torch != 1)} each, the tokenizer and the writer one each")
+                f"{'s' * (self.torch != 1)} each")
 
 
 def _cpu_threads() -> int:
@@ -405,7 +405,7 @@ def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, secon
                    empty_documents=plan.counts.get("empty", 0),
                    dropped_tokens=sum(c["dropped_tokens"] for c in done.values()),
                    padding=1 - state.tokens / state.positions if state.positions else 0.0,
-                   timings={k: round(v, 3) for k, v in state.timings.items()}, threads=str(state.threads))
+                   timings={k: round(v, 3) for k, v in state.timings.items()}, threads=f"{state.threads}, the tokenizer and the writer one each")
 
 
 def _manifest(settings: dict, summary: Summary, plan: Plan, world: int) -> dict:

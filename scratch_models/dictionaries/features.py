@@ -25,6 +25,8 @@ among processes or runs (ties and the sample are decided by each token's place i
       index.html, features/{i}.html, assets/     the pages (offline: plain files, no network)
 """
 
+import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -65,6 +67,7 @@ class FeatureSummary:
     seconds: float
     timings: dict  # where this process's time went, in seconds
     logit_effects: str  # how they were read, or why there are none
+    threads: str = ""  # the threads it ran on, in words
 
     def format(self) -> str:
         rate = self.tokens_this_run / self.timings.get("pass", self.seconds) if self.seconds else 0.0
@@ -73,8 +76,9 @@ class FeatureSummary:
             f"{self.tokens} tokens ({self.l0:.1f} a token); pages and dataset in {self.out}",
             f"  {self.tokens_this_run} tokens this run in {self.seconds:.1f} s ({rate:,.0f} tokens/s over the corpus)"
             + (f"; {self.resumed_blocks} blocks were counted before" if self.resumed_blocks else ""),
-            f"  logit effects: {self.logit_effects}",
-            "  time (this process): " + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())])
+            f"  logit effects: {self.logit_effects}"]
+            + ([f"  threads (this process): {self.threads}"] if self.threads else [])
+            + ["  time (this process): " + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())])
 
 
 def features(model, dictionary, data, out, **kwargs) -> "datasets.Dataset":  # noqa: F821
@@ -86,7 +90,7 @@ def features(model, dictionary, data, out, **kwargs) -> "datasets.Dataset":  # n
 def run_features(model, dictionary, data, out, *, overwrite: bool = False, device=None, model_dtype=None,
                  top_k: int = 20, samples: int = 20, window: tuple[int, int] = (12, 4), pages: bool = True,
                  block_tokens: int = BLOCK_TOKENS, save_seconds: float = SAVE_SECONDS, progress: bool = True,
-                 **options):
+                 threads: int | None = None, **options):
     """`features`, returning (dataset, FeatureSummary).
 
     `model`: one of our models, or a checkpoint (loaded on `device` in `model_dtype`, as its LM class when the file
@@ -95,8 +99,9 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     ids_column and drop_special (special tokens then count for no feature, and show without an activation).
     `top_k`: examples kept per feature; `samples`: tokens sampled per feature for the quantile bands; `window`:
     (tokens before, tokens after) each example shows. `pages`: write the HTML pages. `block_tokens`: the corpus's
-    unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file."""
-    from ..corpus.harvest import _agree, _barrier, _distributed
+    unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file.
+    `threads`: the CPU threads, as harvest's (forward passes and the encoder side by side, a torch thread each)."""
+    from ..corpus.harvest import Threads, _agree, _barrier, _distributed
     from ..corpus.plan import Options, Plan
 
     unknown = set(options) - set(OPTION_NAMES)
@@ -105,7 +110,7 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     _check_counts(top_k, samples, window, block_tokens)
     start = time.perf_counter()
     out = Path(out).expanduser().resolve()
-    with _distributed(device) as (rank, world, device):
+    with _distributed(device) as (rank, world, device), contextlib.ExitStack() as held:
         model = _model(model, device, model_dtype)
         sae = dictionary if isinstance(dictionary, SAE) else SAE.from_pretrained(dictionary)
         sae = sae.to(next(model.parameters()).device)
@@ -117,9 +122,13 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
                                       "window": list(window), "block_tokens": block_tokens}
         _agree(rank, world, lambda: _prepare(out, settings, overwrite))
         done = _done_blocks(out)
+        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
-            sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress)
-        run.run(block_tokens, save_seconds)
+            sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
+        try:
+            run.run(block_tokens, save_seconds)
+        finally:
+            run.pool.shutdown(cancel_futures=True)
         run.timings["pass"] = time.perf_counter() - start  # everything up to here: what grows with the corpus
         _barrier(world)
         summary = dataset = None
@@ -220,14 +229,18 @@ class _Pass:
     """One process's share: the blocks it owns and no part file counts yet, through the model and the dictionary."""
 
     def __init__(self, plan, sae: SAE, site, out: Path, rank: int, world: int, done: set, stats: FeatureStats,
-                 progress: bool):
+                 progress: bool, threads):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.plan, self.sae, self.site, self.out = plan, sae, site, out
         self.rank, self.world, self.done, self.stats = rank, world, done, stats
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads.forward, thread_name_prefix="features-forward")
         self.part = out / "parts" / f"part-{secrets.token_hex(6)}-rank{rank}.pt"
         self.blocks: list[int] = []
         self.tokens = 0
-        self.timings = {"reading and tokenizing": 0.0, "forward": 0.0, "encoder": 0.0, "counting": 0.0,
-                        "saving": 0.0}
+        self.timings = {"reading and tokenizing": 0.0, "forward (all threads)": 0.0, "encoder (all threads)": 0.0,
+                        "counting": 0.0, "saving": 0.0}
         self.bar = None
         if progress and rank == 0:
             from tqdm.auto import tqdm
@@ -260,23 +273,37 @@ class _Pass:
         for sequence in block:  # each sequence's first token's place in the corpus
             starts[id(sequence)] = at
             at += len(sequence)
-        name = self.site.name
+        # batches through the model and the encoder on the forward threads, counted here in the corpus's order; at
+        # most one batch waiting per thread (each holds its feature activations)
+        pending = collections.deque()
         for batch in self.plan.batches(block):
-            clock = time.perf_counter()
-            rows = self.plan.runner.run(batch)
-            vectors = rows[name].flatten(1)
-            middle = time.perf_counter()
-            with torch.no_grad():
-                acts = self.sae.encode(vectors)
-            encoded = time.perf_counter()
-            self.stats.add(acts, _places(self.plan.runner, batch, rows, starts))
-            self.timings["forward"] += middle - clock
-            self.timings["encoder"] += encoded - middle
-            self.timings["counting"] += time.perf_counter() - encoded
-            tokens = sum(len(sequence) for sequence in batch)
-            self.tokens += tokens
-            if self.bar is not None:
-                self.bar.update(tokens)
+            pending.append((batch, self.pool.submit(self._encode, batch, starts)))
+            if len(pending) > self.threads.forward:
+                self._count(*pending.popleft())
+        while pending:
+            self._count(*pending.popleft())
+
+    def _encode(self, batch, starts: dict) -> tuple[torch.Tensor, BatchPlaces, float, float]:
+        """In a forward thread: the batch's feature activations, where its rows sit, and the seconds of the
+        forward pass and of the encoder."""
+        clock = time.perf_counter()
+        rows = self.plan.runner.run(batch)
+        middle = time.perf_counter()
+        with torch.no_grad():
+            acts = self.sae.encode(rows[self.site.name].flatten(1))
+        return acts, _places(self.plan.runner, batch, rows, starts), middle - clock, time.perf_counter() - middle
+
+    def _count(self, batch, future) -> None:
+        acts, places, forward, encoder = future.result()
+        clock = time.perf_counter()
+        self.stats.add(acts, places)
+        self.timings["forward (all threads)"] += forward
+        self.timings["encoder (all threads)"] += encoder
+        self.timings["counting"] += time.perf_counter() - clock
+        tokens = sum(len(sequence) for sequence in batch)
+        self.tokens += tokens
+        if self.bar is not None:
+            self.bar.update(tokens)
 
     def _save(self) -> None:
         clock = time.perf_counter()
@@ -330,7 +357,7 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: 
                              tokens=stats.tokens, tokens_this_run=run.tokens,
                              l0=float(stats.fired.sum()) / max(stats.tokens, 1), resumed_blocks=len(run.done),
                              seconds=seconds, timings={k: round(v, 3) for k, v in timings.items()},
-                             logit_effects=reason)
+                             logit_effects=reason, threads=f"{run.threads} (the model and the encoder), counting in the main one")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
                                  "tokens": stats.tokens, "blocks": len(counted), "features": sae.cfg.d_sae,
                                  "alive": summary.alive, "quantiles": list(QUANTILES), "logit_effects": reason,

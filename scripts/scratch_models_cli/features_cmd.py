@@ -46,6 +46,9 @@ def add_parser(commands, model_help: str) -> None:
     p.add_argument("--drop-special", action="store_true", help="special tokens (BOS, [CLS], [SEP], separators) count "
                                                                "for no feature")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward pass")
+    p.add_argument("--threads", type=int, help="CPU threads, each running forward passes and the encoder of its own "
+                                               "(default: the cores this process may use, at most OMP_NUM_THREADS "
+                                               "when set)")
     p.add_argument("--text-column", help="the column of texts (default: text)")
     p.add_argument("--pair-column", help="the column of second segments, for BERT sentence pairs")
     p.add_argument("--ids-column", help="a column of token ids to read instead of texts")
@@ -67,13 +70,15 @@ def run(args) -> int:
     at_least_one("--batch-size", args.batch_size)
     at_least_one("--top-k", args.top_k)
     at_least_one("--samples", args.samples)
+    at_least_one("--threads", args.threads)
     require_device(args.device)
     sae = SAE.from_pretrained(args.dictionary, args.sae_id, hook_name=args.hook_name,
                               norm_scaling_factor=args.norm_scaling_factor)
     _, summary = run_features(args.model, sae, args.data, args.out, overwrite=args.overwrite, device=args.device,
                               model_dtype=args.model_dtype, top_k=args.top_k, samples=args.samples,
                               window=tuple(args.window), pages=not args.no_pages, save_seconds=args.save_every,
-                              progress=not args.quiet, batching=args.batching, context=args.context,
+                              progress=not args.quiet, threads=args.threads, batching=args.batching,
+                              context=args.context,
                               prepend_bos=args.prepend_bos, drop_special=args.drop_special,
                               batch_size=args.batch_size, text_column=args.text_column,
                               pair_column=args.pair_column, ids_column=args.ids_column)

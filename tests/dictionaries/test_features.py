@@ -174,6 +174,17 @@ def same_features(a, b):
             assert ours[key] == theirs[key], key
 
 
+def test_the_result_does_not_depend_on_the_threads(lm, sae, done, tmp_path):
+    """One forward thread or three side by side (batches counted in the corpus's order either way): the same
+    dataset, and the summary says which ran."""
+    _, summary, out = done
+    for threads in (1, 3):
+        _, mine = run_features(lm, sae, CORPUS, tmp_path / f"t{threads}", top_k=5, samples=6, window=(3, 2),
+                               block_tokens=40, progress=False, threads=threads, **OPTIONS)
+        same_features(out, tmp_path / f"t{threads}")
+        assert f"{threads} forward thread{'s' * (threads > 1)} on 1 torch thread each" in mine.format()
+
+
 @pytest.mark.slow
 def test_kill_9_then_the_same_call_resumes_to_the_uninterrupted_result(tiny_gpt2, sae, tmp_path):
     sae.save_pretrained(tmp_path / "sae")
