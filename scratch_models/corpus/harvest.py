@@ -405,7 +405,8 @@ def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, secon
                    empty_documents=plan.counts.get("empty", 0),
                    dropped_tokens=sum(c["dropped_tokens"] for c in done.values()),
                    padding=1 - state.tokens / state.positions if state.positions else 0.0,
-                   timings={k: round(v, 3) for k, v in state.timings.items()}, threads=f"{state.threads}, the tokenizer and the writer one each")
+                   timings={k: round(v, 3) for k, v in state.timings.items()},
+                   threads=f"{state.threads}, the tokenizer and the writer one each")
 
 
 def _manifest(settings: dict, summary: Summary, plan: Plan, world: int) -> dict:

@@ -271,8 +271,9 @@ class FeatureStats:
         self.flush()
         return {"features": self.features, "before": self.before, "after": self.after, "tokens": self.tokens,
                 "fired": self.fired, "total": self.total, "hist": self.hist, "top": self.top.state(),
-                "sample": self.sample.state(), "window_ids": self.windows.ids[:self.windows.used],
-                "window_acts": self.windows.acts[:self.windows.used]}
+                "sample": self.sample.state(),  # the windows in use, copied: torch.save writes a view's whole storage
+                "window_ids": self.windows.ids[:self.windows.used].clone(),
+                "window_acts": self.windows.acts[:self.windows.used].clone()}
 
     @classmethod
     def from_state(cls, state: dict) -> "FeatureStats":

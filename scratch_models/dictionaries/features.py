@@ -357,7 +357,8 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: 
                              tokens=stats.tokens, tokens_this_run=run.tokens,
                              l0=float(stats.fired.sum()) / max(stats.tokens, 1), resumed_blocks=len(run.done),
                              seconds=seconds, timings={k: round(v, 3) for k, v in timings.items()},
-                             logit_effects=reason, threads=f"{run.threads} (the model and the encoder), counting in the main one")
+                             logit_effects=reason,
+                             threads=f"{run.threads} (the model and the encoder), counting in the main one")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
                                  "tokens": stats.tokens, "blocks": len(counted), "features": sae.cfg.d_sae,
                                  "alive": summary.alive, "quantiles": list(QUANTILES), "logit_effects": reason,
