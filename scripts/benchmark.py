@@ -884,7 +884,9 @@ def _nnsight_stopped(traced, layer: int, chunk: torch.Tensor) -> torch.Tensor:
 def features(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     """A dictionary of 16384 features at GPT-2 124M's layers.11.out (random weights written locally in SAELens'
     layout: unit decoder rows, the encoder their transpose, each feature's encoder bias set so it fires on about
-    0.3% of this corpus's tokens, some 49 a token), over 64 packed sequences of 128 tokens in batches of 8, float32.
+    0.3% of this corpus's tokens, some 49 a token), over 256 packed sequences of 128 tokens in batches of 8, float32
+    (a corpus of 32k tokens: in the first few thousand nearly every firing enters a feature's top or sample, a cost
+    per run that a smaller corpus would show as the pass's speed).
     `ours`: scratch_models.dictionaries.features' pass over the corpus (reading, packing, forward passes stopped
     after the hook, the encoder, the counting), from its own timings; against `harvest`: scratch_models.corpus.harvest
     of the same hook over the same corpus, end to end (the shards written). `ratio`: harvest's time / ours, so at
@@ -898,7 +900,7 @@ def features(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     from scratch_models.dictionaries import SAE, SAEConfig, build
     from scratch_models.dictionaries.features import run_features
 
-    name, bos, context, batch, documents, d_sae = "layers.11.out", 50256, 128, 8, 64, 16384
+    name, bos, context, batch, documents, d_sae = "layers.11.out", 50256, 128, 8, 256, 16384
     generator = torch.Generator().manual_seed(5)
     docs = torch.randint(1000, (documents, context - 1), generator=generator)
     root = Path(tempfile.mkdtemp(prefix="scratch-models-features-"))

@@ -116,12 +116,14 @@ def graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("family", COMPILED_CAUSAL)
-def test_compiled_run_with_cache_follows_eager_and_compiles_once_per_set_of_names(saved, family):
+def test_compiled_run_with_cache_follows_eager_and_compiles_once_per_set_of_names(saved):
     """run_with_cache asked only to cache runs one compiled graph per set of names (no graph break: the wrapper
     compiles with fullgraph=True): the same names in the same order as eager, each tensor within the compiled bound
-    of eager's, on a batch padded left, right and all through; a subset, and an opt-in point, each compile once
-    more; afterwards no hook point listens and an idle call is the idle graph's."""
+    of eager's, on a batch padded left, right and all through; a subset with an opt-in point compiles once more;
+    afterwards no hook point listens and an idle call is the idle graph's. On GPT-2: the wrapper is the same for
+    every family, and a graph with Gemma 2's every point as an output takes two minutes to compile (its compiled
+    forward and generate are tested here)."""
+    family = "gpt2"
     model = lm(family).from_pretrained(saved[family][0])
     fast = compile_model(model, freeze=True)
     inputs = padded(family)
@@ -141,13 +143,13 @@ def test_compiled_run_with_cache_follows_eager_and_compiles_once_per_set_of_name
         _, again = fast.run_with_cache(**inputs)
         assert graphs() == before + 1 and all(torch.equal(again[n], cache[n]) for n in cache)
 
-        for names in (["layers.0.attn.probs", "layers.1.out"], "layers.1.attn.result"):
-            _, subset = fast.run_with_cache(**inputs, names=names)
-            _, eager_subset = model.run_with_cache(**inputs, names=names)
-            assert list(subset) == list(eager_subset) == ([names] if isinstance(names, str) else names)
-            for name in subset:
-                assert_scaled_parity(subset[name], eager_subset[name], f"compiled cache {name}")
-        assert graphs() == before + 3
+        names = ["layers.0.attn.probs", "layers.1.attn.result", "layers.1.out"]  # attn.result: opt-in
+        _, subset = fast.run_with_cache(**inputs, names=names)
+        _, eager_subset = model.run_with_cache(**inputs, names=names)
+        assert list(subset) == list(eager_subset) == names
+        for name in subset:
+            assert_scaled_parity(subset[name], eager_subset[name], f"compiled cache {name}")
+        assert graphs() == before + 2
         assert not fast.listening()
         assert torch.equal(fast(**inputs).logits, idle)
 
