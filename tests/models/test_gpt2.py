@@ -193,21 +193,27 @@ def full(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["bin with lm_head.weight", "sharded safetensors without lm_head.weight"])
-def test_full_gpt2_config_transformers_layout(tmp_path, full, layout):
+def test_full_gpt2_config_transformers_layout(tmp_path, full):
+    """The full config against transformers once, from the .bin layout with lm_head.weight; the sharded
+    safetensors layout without lm_head.weight then loads to the same logits, bit for bit (the one full-size parity
+    run; both layouts load at full size)."""
     state = dict(full.state_dict())  # transformer.* plus lm_head.weight, as save_pretrained(.bin) writes it
-    if layout.startswith("sharded"):
-        del state["lm_head.weight"]
-        write_checkpoint(full, tmp_path, state, "safetensors", shards=3)
-        assert len(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]) == len(state)
-    else:
-        write_checkpoint(full, tmp_path, state, "bin")
-    worst = check_causal_lm("gpt2", full, tmp_path, padded_inputs(GPT2_FULL["vocab_size"], seq=13))
-    info = GPT2Model.from_pretrained(tmp_path).loading_info
-    assert info.prefixed
-    assert info.ignored == ({"lm_head.weight": "duplicate of wte.weight (tied)"} if "with lm_head" in layout else {})
-    assert len(info.loaded) == 2 + 12 * 12 + 2
-    print(f"full gpt2 config, {layout}: worst |diff| {worst}")
+    write_checkpoint(full, tmp_path / "bin", state, "bin")
+    del state["lm_head.weight"]
+    write_checkpoint(full, tmp_path / "sharded", state, "safetensors", shards=3)
+    assert len(json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())["weight_map"]) == \
+        len(state)
+    inputs = padded_inputs(GPT2_FULL["vocab_size"], seq=13)
+    worst = check_causal_lm("gpt2", full, tmp_path / "bin", inputs)
+    with torch.no_grad():
+        logits = [GPT2LMHeadModel.from_pretrained(tmp_path / layout)(**inputs).logits for layout in ("bin", "sharded")]
+    assert torch.equal(*logits)
+    for layout, ignored in (("bin", {"lm_head.weight": "duplicate of wte.weight (tied)"}), ("sharded", {})):
+        info = GPT2Model.from_pretrained(tmp_path / layout).loading_info
+        assert info.prefixed
+        assert info.ignored == ignored
+        assert len(info.loaded) == 2 + 12 * 12 + 2
+    print(f"full gpt2 config: worst |diff| {worst}")
 
 
 # ------------------------------------------------------------------------------ the causal kernel, initialisation
