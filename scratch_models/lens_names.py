@@ -239,6 +239,13 @@ def split_head_biases(projection: str):
     return bias
 
 
+def projection_weights() -> dict:
+    """TL's attention weights of an attention with a projection each (q_proj, k_proj, v_proj, o_proj)."""
+    return {**{f"blocks.{{i}}.attn.W_{x}": split_heads(f"{x.lower()}_proj") for x in "QKV"},
+            **{f"blocks.{{i}}.attn.b_{x}": split_head_biases(f"{x.lower()}_proj") for x in "QKV"},
+            "blocks.{i}.attn.W_O": heads_out, "blocks.{i}.attn.b_O": layer_bias("attn.o_proj")}
+
+
 def turned_weight(path: str):
     """A Linear's weight at `layers.{i}.<path>` turned to [in, out], TL's orientation (W_in, W_gate, W_out)."""
     return lambda model, layer: model.layers[layer].get_submodule(path).weight.T

@@ -10,9 +10,9 @@ head's scores before the final soft cap (our `uncapped_logits`); the logits a ca
 weights are stored as w and applied as 1 + w (`cfg.rmsnorm_uses_offset`); `ln1.w` is w, as TL's bridge reads it.
 """
 
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out, layer_bias,
-                          no_unembedding_bias, norm_statistics, resid_pre, split_head_biases, split_heads,
-                          turned_weight, unembedding)
+from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
+                          no_unembedding_bias, norm_statistics, projection_weights, resid_pre, turned_weight,
+                          unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (Gemma2Model.positional) and held at no hook "
              "point: model.rotary(position_ids, dtype) gives them (scratch_models.parts.rotary.RotaryEmbedding)")
@@ -59,14 +59,7 @@ WEIGHTS = {
     "embed.W_E": lambda model, _: model.embeddings.embed_tokens.weight,
     "blocks.{i}.ln1.w": _norm("norm_1"),
     "blocks.{i}.ln1_post.w": _norm("post_attn_norm"),
-    "blocks.{i}.attn.W_Q": split_heads("q_proj"),
-    "blocks.{i}.attn.W_K": split_heads("k_proj"),
-    "blocks.{i}.attn.W_V": split_heads("v_proj"),
-    "blocks.{i}.attn.b_Q": split_head_biases("q_proj"),
-    "blocks.{i}.attn.b_K": split_head_biases("k_proj"),
-    "blocks.{i}.attn.b_V": split_head_biases("v_proj"),
-    "blocks.{i}.attn.W_O": heads_out,
-    "blocks.{i}.attn.b_O": layer_bias("attn.o_proj"),
+    **projection_weights(),
     "blocks.{i}.ln2.w": _norm("norm_2"),
     "blocks.{i}.ln2_post.w": _norm("post_mlp_norm"),
     "blocks.{i}.mlp.W_gate": turned_weight("mlp.gate_proj"),

@@ -13,9 +13,9 @@ down_proj. The RMS norms have `hook_scale` and `hook_normalized` (the stream div
 the weight), and no bias.
 """
 
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out, layer_bias,
-                          no_unembedding_bias, norm_statistics, resid_pre, split_head_biases, split_heads,
-                          turned_weight, unembedding)
+from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
+                          no_unembedding_bias, norm_statistics, projection_weights, resid_pre, turned_weight,
+                          unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (the model's `positional`) and held at no hook "
              "point: model.rotary(position_ids, dtype) gives them (scratch_models.parts.rotary.RotaryEmbedding)")
@@ -52,14 +52,7 @@ HOOKS = {
 WEIGHTS = {
     "embed.W_E": lambda model, _: model.embeddings.embed_tokens.weight,
     "blocks.{i}.ln1.w": lambda model, layer: model.layers[layer].norm_1.weight,
-    "blocks.{i}.attn.W_Q": split_heads("q_proj"),
-    "blocks.{i}.attn.W_K": split_heads("k_proj"),
-    "blocks.{i}.attn.W_V": split_heads("v_proj"),
-    "blocks.{i}.attn.b_Q": split_head_biases("q_proj"),
-    "blocks.{i}.attn.b_K": split_head_biases("k_proj"),
-    "blocks.{i}.attn.b_V": split_head_biases("v_proj"),
-    "blocks.{i}.attn.W_O": heads_out,
-    "blocks.{i}.attn.b_O": layer_bias("attn.o_proj"),
+    **projection_weights(),
     "blocks.{i}.ln2.w": lambda model, layer: model.layers[layer].norm_2.weight,
     "blocks.{i}.mlp.W_gate": turned_weight("mlp.gate_proj"),
     "blocks.{i}.mlp.b_gate": layer_bias("mlp.gate_proj"),
