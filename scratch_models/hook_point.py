@@ -20,11 +20,9 @@ class HookPoint(nn.Module):
 
     def __init__(self, dims: str, doc: str, opt_in: bool = False, lens: str | None = None):
         super().__init__()
-        self.dims = tuple(part.strip() for part in dims.split(","))
-        self.doc = doc
-        self.opt_in = opt_in
-        self.lens = lens
-        self.fn = None  # set only while a listener is attached
+        # plain attributes, set past nn.Module's __setattr__ (a model builds hundreds of points: a 1B Llama 358)
+        self.__dict__.update(dims=tuple(part.strip() for part in dims.split(",")), doc=doc, opt_in=opt_in, lens=lens,
+                             fn=None)  # fn: set only while a listener is attached
 
     def __call__(self, x):
         if self.spliced is not None:

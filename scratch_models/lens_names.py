@@ -216,6 +216,49 @@ def heads_out(model, layer: int) -> torch.Tensor:
     return stream.out_weight(layer).unflatten(0, (stream.num_heads, -1))
 
 
+def split_heads(projection: str):
+    """W_Q [n, h, d], or W_K / W_V [n_kv, h, d] under grouped-query attention, of an attention with a projection
+    each (`layers.{i}.attn.<projection>`, a Linear [heads * d, h], as Llama's and Gemma 2's): its weight split per
+    head and turned; a view of the parameter."""
+    def weight(model, layer: int) -> torch.Tensor:
+        attn = model.layers[layer].attn
+        return getattr(attn, projection).weight.unflatten(0, (-1, attn.head_dim)).transpose(-1, -2)
+    return weight
+
+
+def split_head_biases(projection: str):
+    """b_Q [n, d], or b_K / b_V [n_kv, d], of the projections `split_heads` reads; zeros where a projection has no
+    bias, as TL gives them."""
+    def bias(model, layer: int) -> torch.Tensor:
+        attn = model.layers[layer].attn
+        linear = getattr(attn, projection)
+        if linear.bias is None:
+            return torch.zeros(linear.out_features // attn.head_dim, attn.head_dim, dtype=linear.weight.dtype,
+                               device=linear.weight.device)
+        return linear.bias.unflatten(0, (-1, attn.head_dim))
+    return bias
+
+
+def projection_weights() -> dict:
+    """TL's attention weights of an attention with a projection each (q_proj, k_proj, v_proj, o_proj)."""
+    return {**{f"blocks.{{i}}.attn.W_{x}": split_heads(f"{x.lower()}_proj") for x in "QKV"},
+            **{f"blocks.{{i}}.attn.b_{x}": split_head_biases(f"{x.lower()}_proj") for x in "QKV"},
+            "blocks.{i}.attn.W_O": heads_out, "blocks.{i}.attn.b_O": layer_bias("attn.o_proj")}
+
+
+def turned_weight(path: str):
+    """A Linear's weight at `layers.{i}.<path>` turned to [in, out], TL's orientation (W_in, W_gate, W_out)."""
+    return lambda model, layer: model.layers[layer].get_submodule(path).weight.T
+
+
+def layer_bias(path: str):
+    """A Linear's bias at `layers.{i}.<path>` (b_O, b_in, b_out); zeros [out] where it has none, as TL gives them."""
+    def bias(model, layer: int) -> torch.Tensor:
+        linear = model.layers[layer].get_submodule(path)
+        return linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0])
+    return bias
+
+
 def unembedding(model, _) -> torch.Tensor:
     """W_U [h, V] of a pre-LN family: what its read-out scores the normalised stream against (the stream's
     unembedding, which says why where there is none)."""

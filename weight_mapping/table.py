@@ -48,11 +48,16 @@ class MappingTable:
     head_prefixes: tuple[str, ...] = ()
 
     def expand(self, num_layers: int) -> list[Row]:
-        """The rows with "{i}" filled in for every layer, in table order."""
-        out = []
-        for row in self.rows:
-            out += [_at_layer(row, i) for i in range(num_layers)] if _per_layer(row) else [row]
-        return out
+        """The rows with "{i}" filled in for every layer, in table order (the last depth's kept: a load asks for
+        them three times, some 800 rows for a 16-layer Llama)."""
+        kept = self.__dict__.get("_expanded")
+        if kept is None or kept[0] != num_layers:
+            rows = []
+            for row in self.rows:
+                rows += [_at_layer(row, i) for i in range(num_layers)] if _per_layer(row) else [row]
+            kept = num_layers, tuple(rows)
+            object.__setattr__(self, "_expanded", kept)  # not a field: the table stays frozen and compares as before
+        return list(kept[1])
 
     def tensor_names(self, num_layers: int) -> dict[str, str]:
         """checkpoint tensor name (current spelling, no prefix) -> our tensor name."""

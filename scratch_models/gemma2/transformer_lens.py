@@ -10,10 +10,9 @@ head's scores before the final soft cap (our `uncapped_logits`); the logits a ca
 weights are stored as w and applied as 1 + w (`cfg.rmsnorm_uses_offset`); `ln1.w` is w, as TL's bridge reads it.
 """
 
-import torch
-
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out,
-                          no_unembedding_bias, norm_statistics, resid_pre, unembedding)
+from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
+                          no_unembedding_bias, norm_statistics, projection_weights, resid_pre, turned_weight,
+                          unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (Gemma2Model.positional) and held at no hook "
              "point: model.rotary(position_ids, dtype) gives them (scratch_models.parts.rotary.RotaryEmbedding)")
@@ -52,45 +51,6 @@ HOOKS = {
 }
 
 
-def _attn(model, layer):
-    return model.layers[layer].attn
-
-
-def _heads(projection: str, heads: str):
-    """W_Q [n, h, d] from q_proj's weight [n * d, h]; W_K, W_V [n_kv, h, d] from k_proj's and v_proj's."""
-    def weight(model, layer):
-        attn = _attn(model, layer)
-        return getattr(attn, projection).weight.unflatten(0, (getattr(attn, heads), attn.head_dim)).transpose(-1, -2)
-    return weight
-
-
-def _heads_bias(projection: str, heads: str):
-    """b_Q [n, d], b_K, b_V [n_kv, d]; zeros without biases (attention_bias false), as TL gives them."""
-    def bias(model, layer):
-        attn = _attn(model, layer)
-        linear = getattr(attn, projection)
-        shape = (getattr(attn, heads), attn.head_dim)
-        if linear.bias is None:
-            return torch.zeros(shape, dtype=linear.weight.dtype, device=linear.weight.device)
-        return linear.bias.unflatten(0, shape)
-    return bias
-
-
-def _out_bias(model, layer):
-    o_proj = _attn(model, layer).o_proj
-    return o_proj.bias if o_proj.bias is not None else torch.zeros_like(o_proj.weight[:, 0])
-
-
-def _mlp(name: str):
-    """W_gate, W_in [h, m] (gate_proj's and up_proj's weights turned), W_out [m, h] (down_proj's)."""
-    return lambda model, layer: getattr(model.layers[layer].mlp, name).weight.T
-
-
-def _no_mlp_bias(name: str):
-    """b_in, b_out: zeros, as TL gives them (Gemma 2's MLP has no biases)."""
-    return lambda model, layer: torch.zeros_like(getattr(model.layers[layer].mlp, name).weight[:, 0])
-
-
 def _norm(name: str):
     return lambda model, layer: getattr(model.layers[layer], name).weight
 
@@ -99,21 +59,14 @@ WEIGHTS = {
     "embed.W_E": lambda model, _: model.embeddings.embed_tokens.weight,
     "blocks.{i}.ln1.w": _norm("norm_1"),
     "blocks.{i}.ln1_post.w": _norm("post_attn_norm"),
-    "blocks.{i}.attn.W_Q": _heads("q_proj", "num_heads"),
-    "blocks.{i}.attn.W_K": _heads("k_proj", "num_kv_heads"),
-    "blocks.{i}.attn.W_V": _heads("v_proj", "num_kv_heads"),
-    "blocks.{i}.attn.b_Q": _heads_bias("q_proj", "num_heads"),
-    "blocks.{i}.attn.b_K": _heads_bias("k_proj", "num_kv_heads"),
-    "blocks.{i}.attn.b_V": _heads_bias("v_proj", "num_kv_heads"),
-    "blocks.{i}.attn.W_O": heads_out,
-    "blocks.{i}.attn.b_O": _out_bias,
+    **projection_weights(),
     "blocks.{i}.ln2.w": _norm("norm_2"),
     "blocks.{i}.ln2_post.w": _norm("post_mlp_norm"),
-    "blocks.{i}.mlp.W_gate": _mlp("gate_proj"),
-    "blocks.{i}.mlp.W_in": _mlp("up_proj"),
-    "blocks.{i}.mlp.W_out": _mlp("down_proj"),
-    "blocks.{i}.mlp.b_in": _no_mlp_bias("up_proj"),
-    "blocks.{i}.mlp.b_out": _no_mlp_bias("down_proj"),
+    "blocks.{i}.mlp.W_gate": turned_weight("mlp.gate_proj"),
+    "blocks.{i}.mlp.W_in": turned_weight("mlp.up_proj"),
+    "blocks.{i}.mlp.W_out": turned_weight("mlp.down_proj"),
+    "blocks.{i}.mlp.b_in": layer_bias("mlp.up_proj"),
+    "blocks.{i}.mlp.b_out": layer_bias("mlp.down_proj"),
     "ln_final.w": lambda model, _: model.norm_f.weight,
     "unembed.W_U": unembedding,
     "unembed.b_U": no_unembedding_bias,

@@ -13,10 +13,9 @@ down_proj. The RMS norms have `hook_scale` and `hook_normalized` (the stream div
 the weight), and no bias.
 """
 
-import torch
-
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out,
-                          no_unembedding_bias, norm_statistics, resid_pre, unembedding)
+from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
+                          no_unembedding_bias, norm_statistics, projection_weights, resid_pre, turned_weight,
+                          unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (the model's `positional`) and held at no hook "
              "point: model.rotary(position_ids, dtype) gives them (scratch_models.parts.rotary.RotaryEmbedding)")
@@ -50,63 +49,17 @@ HOOKS = {
 }
 
 
-def _attn(model, layer):
-    return model.layers[layer].attn
-
-
-def _projection(name: str):
-    """W_Q [n, h, d], or W_K / W_V [n_kv, h, d]: the projection's weight [heads * d, h], split per head."""
-    def weight(model, layer):
-        attn = _attn(model, layer)
-        return getattr(attn, name).weight.unflatten(0, (-1, attn.head_dim)).transpose(-1, -2)
-    return weight
-
-
-def _projection_bias(name: str):
-    """b_Q [n, d], or b_K / b_V [n_kv, d]; zeros where the projection has no bias, as TL gives them."""
-    def bias(model, layer):
-        attn = _attn(model, layer)
-        linear = getattr(attn, name)
-        if linear.bias is None:
-            return torch.zeros(linear.out_features // attn.head_dim, attn.head_dim, dtype=linear.weight.dtype,
-                               device=linear.weight.device)
-        return linear.bias.unflatten(0, (-1, attn.head_dim))
-    return bias
-
-
-def _mlp(name: str, bias: bool = False):
-    """W_gate, W_in or W_out [in, out]: the MLP's projection, transposed; its bias, or zeros without one."""
-    def weight(model, layer):
-        linear = getattr(model.layers[layer].mlp, name)
-        if not bias:
-            return linear.weight.T
-        return linear.bias if linear.bias is not None else torch.zeros_like(linear.weight[:, 0])
-    return weight
-
-
-def _out_bias(model, layer):
-    o_proj = _attn(model, layer).o_proj
-    return o_proj.bias if o_proj.bias is not None else torch.zeros_like(o_proj.weight[:, 0])
-
-
 WEIGHTS = {
     "embed.W_E": lambda model, _: model.embeddings.embed_tokens.weight,
     "blocks.{i}.ln1.w": lambda model, layer: model.layers[layer].norm_1.weight,
-    "blocks.{i}.attn.W_Q": _projection("q_proj"),
-    "blocks.{i}.attn.W_K": _projection("k_proj"),
-    "blocks.{i}.attn.W_V": _projection("v_proj"),
-    "blocks.{i}.attn.b_Q": _projection_bias("q_proj"),
-    "blocks.{i}.attn.b_K": _projection_bias("k_proj"),
-    "blocks.{i}.attn.b_V": _projection_bias("v_proj"),
-    "blocks.{i}.attn.W_O": heads_out,
-    "blocks.{i}.attn.b_O": _out_bias,
+    **projection_weights(),
     "blocks.{i}.ln2.w": lambda model, layer: model.layers[layer].norm_2.weight,
-    "blocks.{i}.mlp.W_gate": _mlp("gate_proj"),
-    "blocks.{i}.mlp.b_gate": _mlp("gate_proj", bias=True),
-    "blocks.{i}.mlp.W_in": _mlp("up_proj"),
-    "blocks.{i}.mlp.b_in": _mlp("up_proj", bias=True),
-    "blocks.{i}.mlp.W_out": _mlp("down_proj"),
-    "blocks.{i}.mlp.b_out": _mlp("down_proj", bias=True),
+    "blocks.{i}.mlp.W_gate": turned_weight("mlp.gate_proj"),
+    "blocks.{i}.mlp.b_gate": layer_bias("mlp.gate_proj"),
+    "blocks.{i}.mlp.W_in": turned_weight("mlp.up_proj"),
+    "blocks.{i}.mlp.b_in": layer_bias("mlp.up_proj"),
+    "blocks.{i}.mlp.W_out": turned_weight("mlp.down_proj"),
+    "blocks.{i}.mlp.b_out": layer_bias("mlp.down_proj"),
     "ln_final.w": lambda model, _: model.norm_f.weight,
     "unembed.W_U": unembedding,
     "unembed.b_U": no_unembedding_bias,
