@@ -41,14 +41,17 @@ OUTPUT_FIELDS = {
     "end_logits": "end_logits",
 }
 
+# what every family of this one model declares alike (Llama and the variants over it: Mistral, Qwen 2, Qwen 3)
+LIKE_LLAMA = dict(stream=LlamaStream, input_names=("input_ids", "attention_mask"),
+                  positions_field="max_position_embeddings", causal=True,
+                  default_texts=("The meaning of life is",
+                                 "Once upon a time, in a small village by the sea, there lived"),
+                  output_fields=OUTPUT_FIELDS)
+
 FAMILY = Family(
     name="llama", title="Llama", config_class=LlamaConfig, table=LLAMA, base=LlamaModel,
     heads=(LlamaForCausalLM, LlamaForSequenceClassification, LlamaForTokenClassification, LlamaForQuestionAnswering),
-    stream=LlamaStream,
-    input_names=("input_ids", "attention_mask"),
-    positions_field="max_position_embeddings",
-    causal=True,
-    default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
+    **LIKE_LLAMA,
     # six query heads of 8 reading two key/value heads, tied embeddings and Llama 3.1's rope scaling, as Llama
     # 3.2 1B has them
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=37, num_hidden_layers=2, num_attention_heads=6,
@@ -57,7 +60,6 @@ FAMILY = Family(
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
                      tie_word_embeddings=True, bos_token_id=36, eos_token_id=36),
     summary=SUMMARY.format(title="Llama", heads=GROUPED, more=""),
-    output_fields=OUTPUT_FIELDS,
     lm_checkpoint="meta-llama/Llama-3.2-1B",
     transformer_lens=transformer_lens.TABLE,
 )

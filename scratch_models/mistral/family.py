@@ -5,7 +5,7 @@ from weight_mapping.mistral import MISTRAL
 
 from ..family import Family
 from ..llama import transformer_lens
-from ..llama.family import GROUPED, OUTPUT_FIELDS, SUMMARY, LlamaStream
+from ..llama.family import GROUPED, LIKE_LLAMA, SUMMARY
 from .config import MistralConfig
 from .model import MistralForCausalLM, MistralModel
 from .task_heads import MistralForQuestionAnswering, MistralForSequenceClassification, MistralForTokenClassification
@@ -19,18 +19,13 @@ FAMILY = Family(
     name="mistral", title="Mistral", config_class=MistralConfig, table=MISTRAL, base=MistralModel,
     heads=(MistralForCausalLM, MistralForSequenceClassification, MistralForTokenClassification,
            MistralForQuestionAnswering),
-    stream=LlamaStream,
-    input_names=("input_ids", "attention_mask"),
-    positions_field="max_position_embeddings",
-    causal=True,
-    default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
+    **LIKE_LLAMA,
     # three query heads of 20 (not hidden / heads) reading one key/value head, and a window of 5 keys, shorter
     # than the tests' sequences
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=37, num_hidden_layers=2, num_attention_heads=3,
                      num_key_value_heads=1, head_dim=20, max_position_embeddings=24, sliding_window=5,
                      bos_token_id=36, eos_token_id=36),
     summary=SUMMARY.format(title="Mistral", heads=GROUPED, more=WINDOW),
-    output_fields=OUTPUT_FIELDS,
     lm_checkpoint="mistralai/Mistral-7B-v0.1",
     transformer_lens=transformer_lens.TABLE,
     window_field="sliding_window",  # every layer's window

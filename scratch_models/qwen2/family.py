@@ -7,7 +7,7 @@ from weight_mapping.qwen2 import QWEN2
 
 from ..family import Family
 from ..llama import transformer_lens
-from ..llama.family import GROUPED, OUTPUT_FIELDS, SUMMARY, LlamaStream
+from ..llama.family import GROUPED, LIKE_LLAMA, SUMMARY
 from .config import Qwen2Config
 from .model import Qwen2ForCausalLM, Qwen2Model
 from .task_heads import Qwen2ForQuestionAnswering, Qwen2ForSequenceClassification, Qwen2ForTokenClassification
@@ -21,11 +21,7 @@ default those from max_window_layers on) see only the last `sliding_window` keys
 FAMILY = Family(
     name="qwen2", title="Qwen2", config_class=Qwen2Config, table=QWEN2, base=Qwen2Model,
     heads=(Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2ForTokenClassification, Qwen2ForQuestionAnswering),
-    stream=LlamaStream,
-    input_names=("input_ids", "attention_mask"),
-    positions_field="max_position_embeddings",
-    causal=True,
-    default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
+    **LIKE_LLAMA,
     # four query heads of 12 reading two key/value heads, tied embeddings (as Qwen 2.5 0.5B), linear rope scaling,
     # and a window of 4 keys in the second layer only, shorter than the tests' sequences
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
@@ -34,7 +30,6 @@ FAMILY = Family(
                      use_sliding_window=True, sliding_window=4, max_window_layers=1, bos_token_id=36,
                      eos_token_id=36),
     summary=SUMMARY.format(title="Qwen 2", heads=GROUPED, more=WINDOW),
-    output_fields=OUTPUT_FIELDS,
     lm_checkpoint="Qwen/Qwen2.5-0.5B",
     # TL 4.3's bridge gives Qwen 2 text no BOS by default (its Qwen2 adapter), as it does Qwen 3's
     transformer_lens=dataclasses.replace(transformer_lens.TABLE, prepend_bos=False),

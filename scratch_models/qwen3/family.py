@@ -4,7 +4,7 @@ models."""
 from weight_mapping.qwen3 import QWEN3
 
 from ..family import Family
-from ..llama.family import GROUPED, OUTPUT_FIELDS, SUMMARY, LlamaStream
+from ..llama.family import GROUPED, LIKE_LLAMA, SUMMARY
 from . import transformer_lens
 from .config import Qwen3Config
 from .model import Qwen3ForCausalLM, Qwen3Model
@@ -18,18 +18,13 @@ the layout the norm reads, [b, n, s, d]."""
 FAMILY = Family(
     name="qwen3", title="Qwen3", config_class=Qwen3Config, table=QWEN3, base=Qwen3Model,
     heads=(Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3ForTokenClassification, Qwen3ForQuestionAnswering),
-    stream=LlamaStream,
-    input_names=("input_ids", "attention_mask"),
-    positions_field="max_position_embeddings",
-    causal=True,
-    default_texts=("The meaning of life is", "Once upon a time, in a small village by the sea, there lived"),
+    **LIKE_LLAMA,
     # four query heads of 10 (not hidden / heads) reading two key/value heads, with attention biases (the releases
     # have none; here they are exercised)
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=10, max_position_embeddings=24, rope_theta=1000.0,
                      attention_bias=True, bos_token_id=36, eos_token_id=36),
     summary=SUMMARY.format(title="Qwen 3", heads=GROUPED + NORMS, more=""),
-    output_fields=OUTPUT_FIELDS,
     lm_checkpoint="Qwen/Qwen3-0.6B",
     transformer_lens=transformer_lens.TABLE,
     window_field="sliding_window",  # Qwen 2's, which its config keeps (null without use_sliding_window)
