@@ -135,6 +135,17 @@ def _labels(id2label: dict | None, num_labels, source: str) -> dict[int, str]:
     return dict(sorted(labels.items()))
 
 
+def set_fields(config, *names: str) -> tuple[str, ...]:
+    """Those of the optional fields `names` that are set (not null): the ones a check applies to."""
+    return tuple(name for name in names if getattr(config, name) is not None)
+
+
+def generic_token_classifier_dropout(config) -> float:
+    """The dropout of transformers' generic token classification head, as it chooses it: classifier_dropout, else
+    hidden_dropout, else 0.1."""
+    return next((p for p in (config.classifier_dropout, config.hidden_dropout) if p is not None), 0.1)
+
+
 def require_positive(config, source: str, *names: str) -> None:
     for name in names:
         if not 0 < getattr(config, name) < math.inf:  # JSON as Python reads it allows NaN and Infinity

@@ -3,7 +3,7 @@
 import dataclasses
 
 from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
-                      require_probability)
+                      require_probability, set_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +44,8 @@ class BertConfig(ModelConfig):
         require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
                             ("max_position_embeddings", "hidden_size"), ("type_vocab_size", "hidden_size"),
                             ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
-        require_probability(self, source, "hidden_dropout_prob", "attention_probs_dropout_prob")
-        if self.classifier_dropout is not None:
-            require_probability(self, source, "classifier_dropout")
+        require_probability(self, source, "hidden_dropout_prob", "attention_probs_dropout_prob",
+                            *set_fields(self, "classifier_dropout"))
         require_problem_type(self, source)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"{source}: field 'pad_token_id' is {self.pad_token_id}, outside the vocabulary "

@@ -10,8 +10,8 @@ The -it checkpoints end text at either of two tokens (`eos_token_id` [1, 107]): 
 import dataclasses
 import reprlib
 
-from ..config import (ConfigError, ModelConfig, require_grouped_heads, require_positive, require_probability,
-                      require_problem_type, require_sane_sizes)
+from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_grouped_heads,
+                      require_positive, require_probability, require_problem_type, require_sane_sizes, set_fields)
 from ..parts.rotary import rope_fields
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -88,15 +88,12 @@ class Gemma2Config(ModelConfig):
         require_positive(self, source, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
                           "rms_norm_eps", "rope_theta", "query_pre_attn_scalar")
-        for name in ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping"):
-            if getattr(self, name) is not None:
-                require_positive(self, source, name)
+        require_positive(self, source,
+                         *set_fields(self, "sliding_window", "attn_logit_softcapping", "final_logit_softcapping"))
         require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
                             ("intermediate_size", "hidden_size"), ("hidden_size", "hidden_size"))
         require_probability(self, source, "attention_dropout")
-        for name in ("classifier_dropout", "hidden_dropout"):
-            if getattr(self, name) is not None:
-                require_probability(self, source, name)
+        require_probability(self, source, *set_fields(self, "classifier_dropout", "hidden_dropout"))
         require_problem_type(self, source)
         require_grouped_heads(self, source)
         if self.head_dim % 2:
@@ -122,5 +119,5 @@ class Gemma2Config(ModelConfig):
 
     @property
     def token_classifier_dropout(self) -> float:
-        return next((p for p in (self.classifier_dropout, self.hidden_dropout) if p is not None), 0.1)
+        return generic_token_classifier_dropout(self)
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
-                      require_probability)
+                      require_probability, generic_token_classifier_dropout, set_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,7 @@ class GPT2Config(ModelConfig):
                             ("n_embd", "n_embd"), ("n_inner", "n_embd"))
         require_probability(self, source, "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout",
                              "summary_last_dropout")
-        require_probability(self, source, *(name for name in ("classifier_dropout", "hidden_dropout")
-                                             if getattr(self, name) is not None))
+        require_probability(self, source, *set_fields(self, "classifier_dropout", "hidden_dropout"))
         require_problem_type(self, source)
         if self.n_embd % self.n_head:
             raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
@@ -86,7 +85,7 @@ class GPT2Config(ModelConfig):
     def token_classifier_dropout(self) -> float:
         """GPT2ForTokenClassification's dropout, as transformers chooses it: classifier_dropout, else hidden_dropout,
         else 0.1 (not resid_pdrop)."""
-        return next((p for p in (self.classifier_dropout, self.hidden_dropout) if p is not None), 0.1)
+        return generic_token_classifier_dropout(self)
 
     @property
     def inner_dim(self) -> int:

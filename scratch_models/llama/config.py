@@ -8,8 +8,8 @@ saved, as `rope_theta` and `rope_scaling`, which every transformers version read
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_grouped_heads, require_positive, require_probability,
-                      require_problem_type, require_sane_sizes)
+from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_grouped_heads,
+                      require_positive, require_probability, require_problem_type, require_sane_sizes, set_fields)
 from ..parts.rotary import rope_fields
 
 
@@ -82,15 +82,11 @@ class LlamaLikeConfig(ModelConfig):
     def validate(self, source: str) -> None:
         require_positive(self, source, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta")
-        for name in ("num_key_value_heads", "head_dim"):
-            if getattr(self, name) is not None:
-                require_positive(self, source, name)
+        require_positive(self, source, *set_fields(self, "num_key_value_heads", "head_dim"))
         require_sane_sizes(self, source, "num_hidden_layers", ("vocab_size", "hidden_size"),
                             ("hidden_size", "hidden_size"), ("intermediate_size", "hidden_size"))
         require_probability(self, source, "attention_dropout")
-        for name in ("classifier_dropout", "hidden_dropout"):
-            if getattr(self, name) is not None:
-                require_probability(self, source, name)
+        require_probability(self, source, *set_fields(self, "classifier_dropout", "hidden_dropout"))
         require_problem_type(self, source)
         require_grouped_heads(self, source)
         if self.head_dim is None:
@@ -119,7 +115,7 @@ class LlamaLikeConfig(ModelConfig):
 
     @property
     def token_classifier_dropout(self) -> float:
-        return next((p for p in (self.classifier_dropout, self.hidden_dropout) if p is not None), 0.1)
+        return generic_token_classifier_dropout(self)
 
 
 @dataclasses.dataclass(frozen=True)
