@@ -188,3 +188,20 @@ def require_probability(config, source: str, *names: str) -> None:
     for name in names:
         if not 0.0 <= getattr(config, name) < 1.0:
             raise ConfigError(f"{source}: field {name!r} must be in [0, 1), got {getattr(config, name)}")
+
+
+def require_activation(config, source: str, field: str) -> None:
+    """The activation function `field` names is one the models implement (parts/activations.py)."""
+    from .parts.activations import get_activation  # parts build on configs
+
+    try:
+        get_activation(getattr(config, field), field)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def require_token_id_list(config, source: str, field: str) -> None:
+    """A list in `field` (several end tokens) lists token ids."""
+    value = getattr(config, field)
+    if isinstance(value, list) and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise ConfigError(f"{source}: field {field!r} lists {reprlib.repr(value)}; it should list token ids")

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
-                      require_probability, set_fields)
+from ..config import (ConfigError, ModelConfig, require_activation, require_positive, require_probability,
+                      require_problem_type, require_sane_sizes, set_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +56,7 @@ class BertConfig(ModelConfig):
                 f"{source}: hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
             )
-        from ..parts.activations import get_activation
-
-        try:
-            get_activation(self.hidden_act, "hidden_act")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        require_activation(self, source, "hidden_act")
 
     @property
     def head_dim(self) -> int:

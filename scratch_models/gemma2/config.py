@@ -10,8 +10,9 @@ The -it checkpoints end text at either of two tokens (`eos_token_id` [1, 107]): 
 import dataclasses
 import reprlib
 
-from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_grouped_heads,
-                      require_positive, require_probability, require_problem_type, require_sane_sizes, set_fields)
+from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
+                      require_grouped_heads, require_positive, require_probability, require_problem_type,
+                      require_sane_sizes, require_token_id_list, set_fields)
 from ..parts.rotary import rope_fields
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -102,20 +103,12 @@ class Gemma2Config(ModelConfig):
         if len(self.layer_types) != self.num_hidden_layers or not all(kind in LAYER_TYPES for kind in self.layer_types):
             raise ConfigError(f"{source}: layer_types {reprlib.repr(list(self.layer_types))} should name one of "
                               f"{', '.join(LAYER_TYPES)} for each of the {self.num_hidden_layers} layers")
-        if isinstance(self.eos_token_id, list) and not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.eos_token_id):
-            raise ConfigError(f"{source}: field 'eos_token_id' lists {reprlib.repr(self.eos_token_id)}; it should list "
-                              "token ids")
+        require_token_id_list(self, source, "eos_token_id")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"{source}: pad_token_id {self.pad_token_id} is not an id of the vocabulary "
                               f"0..{self.vocab_size - 1} (the embedding's padding row, which training leaves "
                               "alone)")
-        from ..parts.activations import get_activation
-
-        try:
-            get_activation(self.hidden_activation, "hidden_activation")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        require_activation(self, source, "hidden_activation")
 
     @property
     def token_classifier_dropout(self) -> float:

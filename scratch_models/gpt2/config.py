@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
-                      require_probability, generic_token_classifier_dropout, set_fields)
+from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
+                      require_positive, require_probability, require_problem_type, require_sane_sizes, set_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +65,7 @@ class GPT2Config(ModelConfig):
         require_problem_type(self, source)
         if self.n_embd % self.n_head:
             raise ConfigError(f"{source}: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
-        from ..parts.activations import get_activation
-
-        try:
-            get_activation(self.activation_function, "activation_function")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        require_activation(self, source, "activation_function")
 
     @property
     def head_dim(self) -> int:

@@ -8,8 +8,8 @@ version reads.
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_positive, require_sane_sizes, require_problem_type,
-                      require_probability)
+from ..config import (ConfigError, ModelConfig, require_activation, require_positive, require_probability,
+                      require_problem_type, require_sane_sizes)
 from ..parts.rotary import rope_fields
 
 
@@ -74,12 +74,7 @@ class GPTNeoXConfig(ModelConfig):
         if self.rotary_dim % 2:
             raise ConfigError(f"{source}: the rotary embedding turns pairs of dimensions, and int(head size "
                               f"{self.head_dim} x rotary_pct {self.rotary_pct}) = {self.rotary_dim} is odd")
-        from ..parts.activations import get_activation
-
-        try:
-            get_activation(self.hidden_act, "hidden_act")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        require_activation(self, source, "hidden_act")
 
     @property
     def head_dim(self) -> int:

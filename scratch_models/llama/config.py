@@ -8,8 +8,9 @@ saved, as `rope_theta` and `rope_scaling`, which every transformers version read
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_grouped_heads,
-                      require_positive, require_probability, require_problem_type, require_sane_sizes, set_fields)
+from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
+                      require_grouped_heads, require_positive, require_probability, require_problem_type,
+                      require_sane_sizes, require_token_id_list, set_fields)
 from ..parts.rotary import rope_fields
 
 
@@ -95,17 +96,9 @@ class LlamaLikeConfig(ModelConfig):
         if self.head_dim % 2:
             raise ConfigError(f"{source}: the rotary embedding turns pairs of a head's dimensions, and head_dim "
                               f"{self.head_dim} is odd")
-        if self.sliding_window is not None:
-            require_positive(self, source, "sliding_window")
-        if isinstance(self.eos_token_id, list) and not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.eos_token_id):
-            raise ConfigError(f"{source}: field 'eos_token_id' lists {self.eos_token_id!r}; it should list token ids")
-        from ..parts.activations import get_activation
-
-        try:
-            get_activation(self.hidden_act, "hidden_act")
-        except ValueError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        require_positive(self, source, *set_fields(self, "sliding_window"))
+        require_token_id_list(self, source, "eos_token_id")
+        require_activation(self, source, "hidden_act")
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
