@@ -1,6 +1,7 @@
 """Benchmarks against transformers and against the machine's limits: runs interleaved, medians, ratios, rooflines.
 
     python scripts/benchmark.py [--case NAME ...] [--repeats N] [--device cpu|cuda] [--json FILE] [--saelens-python PY]
+                                [--dtype float32|bfloat16 ...]
 
 `ratio` is transformers' time / ours (above 1: we are faster), transformers run eagerly in the row's dtype;
 `vs_default` is transformers' default (eager float32) time / ours. Weights are random, written in the real
@@ -739,7 +740,8 @@ for line in sys.stdin:
 """
 
 
-def harvest(ckpt: Checkpoints, repeats: int, device: str, saelens_python: str | None = None) -> list[dict]:
+def harvest(ckpt: Checkpoints, repeats: int, device: str, saelens_python: str | None = None,
+            dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)) -> list[dict]:
     """GPT-2 124M over a corpus, keeping one layer's output (layers.5.out, a middle one, and layers.11.out, the last
     block's: only ln_f and the head lie above it) for every token of 16 packed sequences of 128 tokens in batches of
     8, in float32 and bfloat16, each side writing the rows as float32 Arrow shards. `ours`: scratch_models.corpus
@@ -788,7 +790,7 @@ def harvest(ckpt: Checkpoints, repeats: int, device: str, saelens_python: str | 
         return run
 
     rows, summaries = [], {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in dtypes:
         model = GPT2Model.from_pretrained(ckpt.gpt2, device=device, dtype=dtype)
         hf = transformers.GPT2LMHeadModel.from_pretrained(ckpt.gpt2, dtype=dtype).to(device).eval()
         for layer in (5, 11):
@@ -840,9 +842,10 @@ def harvest(ckpt: Checkpoints, repeats: int, device: str, saelens_python: str | 
             best = min(peers, key=seconds.get)
             rows.append({"case": case, "other": f"vs best peer ({best})",
                          "ratio": seconds[best] / seconds["ours"]})
-    summary = summaries["layers.11.out", torch.float32]
+    summary = summaries["layers.11.out", dtypes[0]]
     rows.append({"case": f"ours, threads: {summary.threads}"})
-    rows.append({"case": "where our time went (last fp32 run at layers.11.out, s)", **summary.timings})
+    rows.append({"case": f"where our time went (last {_dtype_name(dtypes[0])} run at layers.11.out, s)",
+                 **summary.timings})
     if saelens_python is None:
         rows.append({"case": "SAELens CacheActivationsRunner: skipped", "other": "--saelens-python PYTHON (a venv with "
                      "sae-lens, which needs transformer-lens < 4) to run it"})
@@ -980,6 +983,9 @@ def main() -> int:
     parser.add_argument("--saelens-python", metavar="PYTHON", help="harvest: a Python with sae-lens installed (it "
                                                                    "needs transformer-lens < 4), to time SAELens' "
                                                                    "CacheActivationsRunner too")
+    parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"),
+                        help="harvest: only these (default: both; bfloat16 is emulated on a CPU without AVX-512 BF16 "
+                             "or AMX, some minutes a run)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
@@ -993,7 +999,11 @@ def main() -> int:
     ckpt = Checkpoints()
     results = {}
     for case in args.case or list(CASES):
-        extra = {"saelens_python": args.saelens_python} if case == "harvest" else {}
+        extra = {}
+        if case == "harvest":
+            extra["saelens_python"] = args.saelens_python
+            if args.dtype:
+                extra["dtypes"] = tuple(getattr(torch, name) for name in dict.fromkeys(args.dtype))
         results[case] = CASES[case](ckpt, args.repeats, args.device, **extra)
         print(f"\n{case}\n{format_table(results[case])}", flush=True)
     if args.json:

@@ -15,10 +15,9 @@ GPT-2's vocabulary. Every cell runs in full on a small GPT-2 (2 layers of 12 hea
 real GPT-2 124M config runs them too (slow), but for the patching sweeps: the Main Demo's on its last layer, the
 Exploratory demo's not at all (on one CPU thread they would take some ten minutes).
 
-Not ported: the cells that draw (circuitsvis and plotly draw the tensors compared here), sampling with generate,
-FactoredMatrix (`model.OV`), the named parameters listed under TransformerLens' module names, and the pages on
-TL's own HookPoint, checkpoints and model zoo. `model.to_tokens` on texts of different lengths is refused by ours
-(its padding needs the attention mask that `model.tokenizer(texts)` returns).
+Not ported: the cells that draw (circuitsvis and plotly draw the tensors compared here), sampling with generate
+(TL's sampler draws its own way: the tokens are not comparable, the logits they come from are compared), the
+FactoredMatrix class's own toy examples, and the pages on TL's own HookPoint, checkpoints and model zoo.
 """
 
 import contextlib
@@ -163,6 +162,20 @@ def main_demo(model, sample: list[int] | None = None) -> dict:
         out[f"Claire - Mary, BOS {bos}"] = (ioi_logits[0, -1, model.to_single_token(" Claire")].item()
                                            - ioi_logits[0, -1, model.to_single_token(" Mary")].item())
     out["Claire"] = [model.to_str_tokens(" Claire", prepend_bos=False), model.to_str_tokens("Claire", prepend_bos=False)]
+
+    # Factored matrices: the eigenvalue copying score of every head's OV circuit, and of the full OV circuit from
+    # tokens to logits (W_E W_V W_O W_U, vocabulary by vocabulary, never multiplied out) for the layers sampled
+    OV_circuit_all_heads = model.OV
+    out["OV printed"] = str(OV_circuit_all_heads)
+    OV_circuit_all_heads_eigenvalues = OV_circuit_all_heads.eigenvalues
+    out["OV eigenvalues dtype"] = OV_circuit_all_heads_eigenvalues.dtype
+    out["OV copying score"] = (OV_circuit_all_heads_eigenvalues.sum(dim=-1).real
+                               / OV_circuit_all_heads_eigenvalues.abs().sum(dim=-1))
+    full_OV_circuit = model.embed.W_E @ OV_circuit_all_heads[list(layers)] @ model.unembed.W_U
+    out["full OV printed"] = str(full_OV_circuit)
+    full_OV_circuit_eigenvalues = full_OV_circuit.eigenvalues
+    out["full OV copying score"] = (full_OV_circuit_eigenvalues.sum(dim=-1).real
+                                    / full_OV_circuit_eigenvalues.abs().sum(dim=-1))
 
     # Hook points: every activation of block 0 and outside the blocks, as a filter sees it
     seen = []
