@@ -31,6 +31,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 each_device = pytest.mark.parametrize("device", DEVICES)
 
 
+# For the peak-memory tests' child processes: glibc raises its mmap threshold each time a large block is freed, so
+# later tensors of that size come from the heap and freed ones stay counted in RSS by chance of placement (+-25 MB
+# between identical runs). A fixed threshold gives every large tensor back on free: the peak is then what the
+# program holds (identical runs within 1 MB).
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
 def no_dropout(family: str) -> dict:
     """Config changes that switch off every dropout of `family`'s config (its float fields named *drop*)."""
     config_class = FAMILIES[family].config_class

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from corpus_data import SENTENCES
+from helpers import STEADY_MALLOC
 
 CHILD = """
 import sys, threading, time
@@ -38,7 +39,8 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, tiny_gpt2):
                                 for i in range(300 * copies) for s in SENTENCES))
         out = tmp_path / f"out{copies}"
         done = subprocess.run([sys.executable, "-c", CHILD, str(tiny_gpt2[0]), str(data), str(out)],
-                              capture_output=True, text=True, timeout=900, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+                              capture_output=True, text=True, timeout=900,
+                              env=os.environ | {"HF_HUB_OFFLINE": "1"} | STEADY_MALLOC)
         assert done.returncode == 0, done.stderr
         peaks[copies] = int(done.stdout.split()[-1])
         written[copies] = sum(f.stat().st_size for f in out.glob("data-*.arrow")) / 2**20

@@ -2,11 +2,14 @@
 larger grows by a small share of the feature activations the extra tokens make (2048 features a token): nothing
 per token is kept, only per feature (counts, histograms, examples) and a bounded buffer of candidates."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from helpers import STEADY_MALLOC
 
 CHILD = """
 import sys, threading, time
@@ -41,10 +44,9 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, tiny_gpt2):
         data.write_text("\n".join(f"{s} {i}" for i in range(200 * copies) for s in sentences))
         done = subprocess.run([sys.executable, "-c", CHILD, str(tiny_gpt2[0]), str(data), str(tmp_path / f"o{copies}"),
                                os.path.dirname(__file__)], capture_output=True, text=True, timeout=1800,
-                              env=os.environ | {"HF_HUB_OFFLINE": "1"})
+                              env=os.environ | {"HF_HUB_OFFLINE": "1"} | STEADY_MALLOC)
         assert done.returncode == 0, done.stderr
         peaks[copies] = int(done.stdout.split()[-1])
-        import json
         tokens[copies] = json.loads((tmp_path / f"o{copies}" / "features.json").read_text())["tokens"]
     assert tokens[4] > 3.9 * tokens[1] > 25_000
     activations = (tokens[4] - tokens[1]) * 2048 * 4 / 2**20  # MB of feature activations the extra tokens made
