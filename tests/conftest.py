@@ -10,6 +10,12 @@ import torch
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+# pytest-xdist's workers share the cores: each takes its share of torch's threads. With every worker on all cores,
+# a tiny model's operations wait at OpenMP's barriers for a thread another worker has descheduled (40 Adam steps of
+# a 2-layer model: 0.4 s alone, 36 s in the whole suite on 2 cores).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def pytest_collection_modifyitems(items):
     """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is."""
