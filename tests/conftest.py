@@ -17,6 +17,34 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+# The files that take longest (whole suite, 2 workers), longest first. pytest-xdist's loadfile hands out the files
+# with the most tests first, which left these (a few slow tests each) to the end, one worker busy with them while
+# the other sat idle.
+LONGEST_FILES = ("tests/models/test_compiled.py", "tests/corpus/test_resume.py",
+                 "tests/analysis/test_lens_tutorials.py", "tests/dictionaries/test_features_memory.py",
+                 "tests/docs/test_readme.py", "tests/dictionaries/test_features.py", "tests/corpus/test_memory.py",
+                 "tests/corpus/test_distributed.py", "tests/docs/test_tutorial.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, plain pytest runs
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, the longest files first (LONGEST_FILES), then xdist's own order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFilesFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            if not getattr(self, "ordered", False):  # the queue is full on the first call: put them in front
+                self.ordered = True
+                for path in reversed(LONGEST_FILES):
+                    for scope in [scope for scope in self.workqueue if scope.endswith(path)]:
+                        self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFilesFirst(config, log)
+
+
 def pytest_collection_modifyitems(items):
     """A test that drives the browser is slow (pyproject's `slow` marker), wherever it is."""
     for item in items:
