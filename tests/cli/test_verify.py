@@ -318,3 +318,28 @@ def test_verify_loads_transformers_quietly_and_leaves_its_settings_as_they_were(
                                                                                                   logging.INFO)
     finally:
         logging.set_verbosity(before[1])
+
+
+def test_verify_refuses_a_reference_that_transformers_left_partly_unloaded(tmp_path, monkeypatch, capsys):
+    """transformers leaves a tensor it does not read at random init with no more than a logged warning; compared
+    with that, any checkpoint would pass or fail by chance. verify refuses, naming the tensors, and writes no report.
+    transformers reads every file our loader accepts, so its loading report is what stands in for such a file."""
+    save(reference("gpt2"), tmp_path / "model")
+    unread = ["h.0.attn.c_attn.weight", "h.0.mlp.c_fc.weight", "h.1.ln_2.bias", "wpe.weight"]
+
+    def leaving_some_unread(load):
+        def from_pretrained(cls, *args, **kwargs):
+            loaded = load.__func__(cls, *args, **kwargs)
+            if not kwargs.get("output_loading_info"):
+                return loaded
+            return loaded[0], dict(loaded[1], missing_keys=set(unread))
+        return classmethod(from_pretrained)
+
+    for cls in (transformers.GPT2Model, transformers.GPT2LMHeadModel):  # the base class, then the head's base
+        monkeypatch.setattr(cls, "from_pretrained", leaving_some_unread(cls.from_pretrained))
+    out = tmp_path / "report.json"
+    assert main(["verify", str(tmp_path / "model"), "--json", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "transformers' GPT2Model left 4 tensors of this checkpoint unloaded (h.0.attn.c_attn.weight, " \
+           "h.0.mlp.c_fc.weight, h.1.ln_2.bias, ...): there is no reference to compare with" in error, error
+    assert not out.exists()
