@@ -17,7 +17,9 @@ Exploratory demo's not at all (on one CPU thread they would take some ten minute
 
 Not ported: the cells that draw (circuitsvis and plotly draw the tensors compared here), sampling with generate
 (TL's sampler draws its own way: the tokens are not comparable, the logits they come from are compared), the
-FactoredMatrix class's own toy examples, and the pages on TL's own HookPoint, checkpoints and model zoo.
+FactoredMatrix class's own toy examples, the named parameters listed under TransformerLens' module names (ours
+lists them with `tl_named_parameters()`, the bridge under its wrappers' names), and the pages on TL's own
+HookPoint, checkpoints and model zoo.
 """
 
 import contextlib
