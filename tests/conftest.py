@@ -35,11 +35,9 @@ def pytest_xdist_make_scheduler(config, log):
 
     class LongestFilesFirst(LoadFileScheduling):
         def _assign_work_unit(self, node):
-            if not getattr(self, "ordered", False):  # the queue is full on the first call: put them in front
-                self.ordered = True
-                for path in reversed(LONGEST_FILES):
-                    for scope in [scope for scope in self.workqueue if scope.endswith(path)]:
-                        self.workqueue.move_to_end(scope, last=False)
+            for path in reversed(LONGEST_FILES):  # those still waiting to the front of the queue, longest first
+                for scope in [scope for scope in self.workqueue if scope.endswith(path)]:
+                    self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
     return LongestFilesFirst(config, log)
