@@ -5,15 +5,15 @@ Face checkpoints and can be looked inside: {families}.
     model = BertModel.from_pretrained("bert-base-uncased")
     out, cache = model.run_with_cache(input_ids, names=["layers.3.attn.probs"])
 
-Each family is a package (scratch_models.bert, scratch_models.gpt2, ...) registered in scratch_models.families;
-its classes and config are exported here. This package does not import transformers; only the parity report, the
-command line and the tests do.
+Each family is a package (scratch_models.bert, scratch_models.gpt2, ...) registered by its name in
+scratch_models.registry.known; its classes and config are exported here. This package does not import transformers;
+only the parity report, the command line and the tests do.
 """
 
-from .config import ConfigError
-from .families import FAMILIES
-from .lens_names import get_act_name
-from .tokenizer import Tokenizer
+from .lens.names import get_act_name
+from .parts.config import ConfigError
+from .registry.families import FAMILIES
+from .registry.tokenizer import Tokenizer
 from weight_mapping import CheckpointError
 
 if __doc__:  # the registry's families, so the line is never stale (python -OO strips docstrings)

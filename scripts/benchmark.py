@@ -63,8 +63,8 @@ import torch
 from torch import nn
 
 from scratch_models import BertModel, GPT2LMHeadModel
-from scratch_models.compiled import compile_model
-from scratch_models.hooks import HookPoint
+from scratch_models.decoding.compiled import compile_model
+from scratch_models.hooking.hooked_model import HookPoint
 
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072)

@@ -2,7 +2,7 @@
 slips show, checkpoint writers, parity asserts, devices.
 
 A test that should hold for every family takes `family` from `each_family` and builds what it needs from the
-family's declaration (scratch_models.families): our classes, transformers' classes of the same names, and the
+family's declaration (scratch_models.registry.families): our classes, transformers' classes of the same names, and the
 family's tiny config. A family registered later is then tested by it with no edit here.
 """
 
@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 ATOL = RTOL = 1e-5  # the project's fp32 parity bound: |ours - ref| <= 1e-5 + 1e-5 * |ref|
 LOGITS_ATOL = 1e-4
@@ -244,7 +244,7 @@ def long_attention(count: int = 155, prev: float = 0.35, sink: float = 0.3):
     head 0 gives `prev` to the token before and spreads the rest; head 1 gives `sink` to the first token and spreads
     the rest; head 2 spreads evenly (1/count a key). q and k are random: this capture is for the pictures of the
     probabilities, not for the neuron view's scores."""
-    from scratch_models.inspection import AttentionCapture
+    from scratch_models.hooking.inspection import AttentionCapture
 
     def spread(weight, key_of):
         probs = torch.full((count, count), (1 - weight) / (count - 1))

@@ -46,7 +46,8 @@ GEMMA2 = MappingTable(
         # module's output is the scores before the final soft cap
         Row("lm_head",                              "lm_head",                          WEIGHT, head=True),
         Row("lm_head",                              "uncapped_logits",  compare=True, head=True),
-        # task heads (transformers 5's generic ones: decoder_heads.py); transformers has no Gemma2ForQuestionAnswering
+        # task heads (transformers 5's generic ones: scratch_models/decoding/task_heads.py); transformers has no
+        # Gemma2ForQuestionAnswering
         *(row for row in GENERIC_TASK_HEADS if row.checkpoint == "score"),
     ),
     base_prefix="model.",

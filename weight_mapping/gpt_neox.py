@@ -39,7 +39,7 @@ GPT_NEOX = MappingTable(
         # the compared row names its module
         Row("embed_out",                            "lm_head",                          WEIGHT, head=True),
         Row("lm_head",                              "logits",           compare=True, head=True),
-        # task heads (decoder_heads.py), as GPT-2's; the token classifier's output is `logits`, compared whole by
+        # task heads (decoding/task_heads.py), as GPT-2's; the token classifier's output is `logits`, compared whole by
         # the tests
         *DECODER_TASK_HEADS,
     ),

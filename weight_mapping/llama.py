@@ -39,7 +39,7 @@ ROWS = (
     # LM head (LlamaForCausalLM): a matrix of its own unless config.json ties it to embed_tokens (Llama 3.2 1B, 3B)
     Row("lm_head",                                   "lm_head",                      WEIGHT, head=True),
     Row("lm_head",                                   "logits",          compare=True, head=True),
-    # task heads (transformers 5's generic ones: decoder_heads.py)
+    # task heads (transformers 5's generic ones: decoding/task_heads.py)
     *GENERIC_TASK_HEADS,
 )
 

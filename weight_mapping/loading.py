@@ -257,3 +257,22 @@ def _mismatch_message(checkpoint, table, model_name, num_layers, expected, missi
                          "leaves out, so the config does not describe what they compute (transformers would drop "
                          "them with a warning). Fix config.json, or use the config the weights were saved with")
     return "\n".join(lines)
+
+
+# the dtypes our models compute in, by name; float64 computes exactly what transformers does in float64 (a reference
+# for reduced-precision runs)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """`dtype`, a name or a torch.dtype, as one of the torch.dtypes our models compute in (None stays None).
+
+    Raises ValueError for any other (float8, integer, complex: they would load, then fail at the first forward).
+    """
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    not_float = isinstance(dtype, torch.dtype) and not dtype.is_floating_point
+    raise ValueError(f"dtype {dtype!r} is {'not a floating-point type' if not_float else 'not supported'}; "
+                     f"use one of {', '.join(DTYPES)}")

@@ -108,7 +108,7 @@ class MappingTable:
         return (self.base_prefix, *self.head_prefixes)
 
 
-# The task heads transformers gives GPT-2 and GPT-NeoX (scratch_models/decoder_heads.py), beside the base model:
+# The task heads transformers gives GPT-2 and GPT-NeoX (scratch_models/decoding/task_heads.py), beside the base model:
 # compared where transformers has a module of the same output (the sequence classifier's scores at every position,
 # before it reads the last token; the QA head's two scores before they are split)
 DECODER_TASK_HEADS = (

@@ -9,7 +9,7 @@
 The helpers keep TransformerLens' names and meanings where one exists; `docs/hook_names.md` lists them.
 """
 
-from ..activation_cache import ActivationCache
+from ..hooking.activation_cache import ActivationCache
 from .lens import LensTable, lens_table
 
 __all__ = ["ActivationCache", "LensTable", "lens_table"]

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from ..activation_cache import ActivationCache
+from ..hooking.activation_cache import ActivationCache
 
 
 @dataclasses.dataclass

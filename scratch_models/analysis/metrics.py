@@ -17,7 +17,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..outputs import logits_of
+from ..parts.outputs import logits_of
 
 PerPrompt = int | list[int] | torch.Tensor  # one value for every prompt, or one each
 

@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from ..outputs import logits_of
+from ..parts.outputs import logits_of
 from .metrics import LogitDiff, TokenLogit, TokenLogProb, normalized, per_prompt
 
 DEFAULT_BATCH_SIZE = 32  # rows (patched copies x prompts) per forward pass: bounds the memory a sweep takes

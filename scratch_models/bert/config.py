@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_activation, require_positive, require_probability,
+from ..parts.config import (ConfigError, ModelConfig, require_activation, require_positive, require_probability,
                       require_problem_type, require_sane_sizes, set_fields)
 
 

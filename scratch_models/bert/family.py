@@ -2,7 +2,7 @@
 
 from weight_mapping import BERT
 
-from ..family import Family, ResidualStream
+from ..registry.family import Family, ResidualStream
 from . import transformer_lens
 from .config import BertConfig
 from .model import BertForMaskedLM, BertModel

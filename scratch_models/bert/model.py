@@ -17,12 +17,12 @@ from weight_mapping import BERT
 
 from ..parts.activations import get_activation
 from ..parts.attention import attend, padding_mask, project_heads, result_point
+from ..parts.hook_point import HookPoint
+from ..parts.inputs import check_ids, check_mask
+from ..parts.losses import cross_entropy
 from ..parts.norms import LayerNorm
-from ..hook_point import HookPoint
-from ..inputs import check_ids, check_mask
-from ..losses import cross_entropy
-from ..outputs import BaseModelOutputWithPooling, MaskedLMOutput
-from ..pretrained import PretrainedModel
+from ..parts.outputs import BaseModelOutputWithPooling, MaskedLMOutput
+from ..registry.pretrained import PretrainedModel
 from .config import BertConfig
 
 

@@ -20,10 +20,10 @@ Shapes: b batch, s sequence, h hidden, L num_labels, c choices, V vocabulary.
 import torch
 from torch import nn
 
-from ..hook_point import HookPoint
-from ..inputs import check_embeds, check_one_of
-from ..losses import classification_loss, cross_entropy, span_loss
-from ..outputs import (BertForPreTrainingOutput, MultipleChoiceModelOutput, NextSentencePredictorOutput,
+from ..parts.hook_point import HookPoint
+from ..parts.inputs import check_embeds, check_one_of
+from ..parts.losses import classification_loss, cross_entropy, span_loss
+from ..parts.outputs import (BertForPreTrainingOutput, MultipleChoiceModelOutput, NextSentencePredictorOutput,
                       QuestionAnsweringModelOutput, SequenceClassifierOutput, TokenClassifierOutput)
 from .config import BertConfig
 from .model import BertMLMHead, BertWithHead

@@ -1,4 +1,4 @@
-"""BERT in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens_names.py).
+"""BERT in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens/names.py).
 
 BERT is post-LN, so TL's names keep their TL meaning where BERT has one: `hook_resid_mid` is the residual plus
 attention before ln1 (our `attn.resid`), `hook_resid_post` the stream plus MLP before ln2 (our `mlp.resid`),
@@ -9,7 +9,7 @@ and its `hook_resid_post` our `layers.{i}.out` (and its `hook_attn_scores` repea
 reads BERT's stream: the `ln_final` hooks are refused, saying so.
 """
 
-from ..lens_names import (BATCH, HEADS, SCORES, Alias, LensTable, Missing, heads_out, norm_statistics, resid_pre)
+from ..lens.names import (BATCH, HEADS, SCORES, Alias, LensTable, Missing, heads_out, norm_statistics, resid_pre)
 
 NO_FINAL_NORM = ("BERT is post-LN: no final LayerNorm reads its residual stream, which each layer has already "
                  "normalised (the last layer's hook_normalized_resid_post is the last stream); the MLM head's own "

@@ -19,8 +19,8 @@ import threading
 
 import torch
 
-from ..activation_cache import glob
-from ..hooks import _lens_entry, _unknown_name_message
+from ..hooking.activation_cache import glob
+from ..hooking.hooked_model import _lens_entry, _unknown_name_message
 
 POSITIONS = ("all", "first", "last", "mean")  # every real token, or one row per sequence
 

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from ..families import family_of
+from ..registry.families import family_of
 from . import batching
 from .activations import POSITIONS, Layout, Runner, layouts, resolve_names
 from .reading import Corpus
@@ -89,7 +89,7 @@ _COMPILED = weakref.WeakKeyDictionary()  # model -> its compile_model wrapper: g
 
 
 def compiled(model):
-    from ..compiled import compile_model
+    from ..decoding.compiled import compile_model
 
     if model not in _COMPILED:
         _COMPILED[model] = compile_model(model)
@@ -228,7 +228,7 @@ class Plan:
 
 def _tokenizer(model):
     """(the model's tokenizer, or None and why there is none)."""
-    from ..tokenizer import NoTokenizerJson
+    from ..registry.tokenizer import NoTokenizerJson
 
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is None:

@@ -9,9 +9,8 @@ prompt (attribution.py).
     cache["layers.7.out.sae.acts"]                      # or cache["blocks.8.hook_resid_pre.hook_sae_acts_post"]
 """
 
-from .loading import load
-from .sae import (ARCHITECTURES, SAE, DictionaryError, GatedSAE, JumpReLUSAE, SAEConfig, StandardSAE, TopKSAE,
-                  build)
+from .config import DictionaryError, SAEConfig
+from .sae import ARCHITECTURES, SAE, GatedSAE, JumpReLUSAE, StandardSAE, TopKSAE, build, load
 from .splice import DictionaryMixin, Splice, resolve_hook
 
 __all__ = ["ARCHITECTURES", "SAE", "DictionaryError", "DictionaryMixin", "GatedSAE", "JumpReLUSAE", "SAEConfig",

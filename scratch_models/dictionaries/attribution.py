@@ -112,7 +112,7 @@ def feature_attribution(model, tokens, metric, *, top: int = 20, batch_size: int
 
 def _str_tokens(model, ids: torch.Tensor) -> list[list[str]] | None:
     """Each prompt's tokens as strings, or None for a model without a tokenizer's files."""
-    from ..tokenizer import NoTokenizerJson
+    from ..registry.tokenizer import NoTokenizerJson
 
     if getattr(model, "tokenizer", None) is None:
         return None

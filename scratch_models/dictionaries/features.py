@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
+from ..lens.names import SAME
 from .feature_stats import BINS, BatchPlaces, FeatureStats, bin_edges
 from .sae import SAE, DictionaryError
-from ..lens_names import SAME
 from .splice import _check_width, resolve_hook
 
 FORMAT = "scratch-models features"
@@ -161,7 +161,7 @@ def _model(model, device, dtype):
         return model
     from weight_mapping import open_checkpoint
 
-    from ..families import family_of
+    from ..registry.families import family_of
 
     checkpoint = open_checkpoint(model)
     family = family_of(checkpoint)
@@ -370,7 +370,7 @@ def logit_effects(model, sae: SAE, site) -> tuple[tuple[torch.Tensor, ...] | Non
     """((top ids, top values, bottom ids, bottom values) [d_sae, LOGIT_TOKENS] each, how they were read), or (None,
     why not): each feature's decoder direction in the residual stream times the unembedding (the final norm left
     out, as SAEDashboard and Neuronpedia read it)."""
-    from ..lens_names import layer_of
+    from ..lens.names import layer_of
 
     stream = model.family.stream(model)
     try:

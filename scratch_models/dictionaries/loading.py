@@ -43,21 +43,19 @@ from pathlib import Path
 
 import torch
 
-from .sae import SAE, DictionaryError, SAEConfig, build
+from .config import DictionaryError, SAEConfig
 
 SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE_PARAMS, CFG = "sae_weights.safetensors", "sae.safetensors", \
     "params.npz", "cfg.json"
 FILES = (SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE_PARAMS)
 
 
-def load(name_or_path, sae_id: str | None = None, *, hook_name: str | None = None, dtype=None, device=None,
-         norm_scaling_factor: float | None = None) -> SAE:
-    """The dictionary at `name_or_path` (a directory, one of its weight files, or a hub id whose folder `sae_id`
-    holds it). `hook_name`: where it reads, for files that do not say (Gemma Scope's) or to override them.
-    `dtype`: cast its tensors (default: cfg.json's dtype, else as stored). `norm_scaling_factor`: the constant a
-    dictionary with normalize_activations "expected_average_only_in" multiplies its input by; SAELens takes it from
-    its release registry (pretrained_saes.yaml), never from the files, so here it must be given (1.0 if already
-    folded in)."""
+def read(name_or_path, sae_id: str | None = None, *, hook_name: str | None = None
+         ) -> tuple[SAEConfig, dict[str, torch.Tensor], Path, str]:
+    """What the dictionary at `name_or_path` (a directory, one of its weight files, or a hub id whose folder
+    `sae_id` holds it) says: its config, its tensors as stored, the weights file and where it came from (for
+    messages). `hook_name`: where it reads, for files that do not say (Gemma Scope's) or to override them. The SAE
+    itself is built from them by sae.load."""
     directory, files, source = _locate(name_or_path, sae_id)
     if files.get(GEMMA_SCOPE_PARAMS):
         weights = files[GEMMA_SCOPE_PARAMS]
@@ -71,17 +69,7 @@ def load(name_or_path, sae_id: str | None = None, *, hook_name: str | None = Non
     else:
         raise DictionaryError(f"{source}: no dictionary here; looked for {CFG} + {SAELENS_WEIGHTS} (SAELens), "
                               f"{CFG} + {SPARSIFY_WEIGHTS} (sparsify) and {GEMMA_SCOPE_PARAMS} (Gemma Scope)")
-    torch_dtype = _dtype(dtype, cfg, source)
-    sae = build(cfg, device="meta", dtype=torch_dtype)
-    state = _checked(sae, tensors, cfg, weights)
-    sae.load_state_dict({name: t.to(device=device, dtype=torch_dtype) for name, t in state.items()}, assign=True)
-    sae.cfg.dtype = str(torch_dtype).removeprefix("torch.")
-    if cfg.normalize_activations == "expected_average_only_in":
-        _fold_scaling_factor(sae, norm_scaling_factor, source)
-    elif norm_scaling_factor is not None:
-        raise DictionaryError(f"{source}: norm_scaling_factor is for a dictionary with normalize_activations "
-                              f"'expected_average_only_in'; this one has {cfg.normalize_activations!r}")
-    return sae.eval()
+    return cfg, tensors, weights, source
 
 
 # ---- where the files are -------------------------------------------------------------------------------------------
@@ -299,18 +287,10 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 # ---- checks --------------------------------------------------------------------------------------------------------
 
 
-def _dtype(dtype, cfg: SAEConfig, source: str) -> torch.dtype:
-    from ..pretrained import as_dtype
-
-    try:
-        return as_dtype(dtype) or as_dtype(cfg.dtype)
-    except ValueError as e:
-        raise DictionaryError(f"{source}: {e}") from None
-
-
-def _checked(sae: SAE, tensors: dict[str, torch.Tensor], cfg: SAEConfig, weights: Path) -> dict[str, torch.Tensor]:
-    """The tensors, refused unless they are exactly the architecture's, of its shapes, and finite."""
-    expected = sae.parameter_shapes()
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, str], cfg: SAEConfig, weights: Path
+                  ) -> dict[str, torch.Tensor]:
+    """The tensors, refused unless they are exactly those the architecture holds (`expected`: name -> axes), of its
+    shapes, and finite."""
     missing = [name for name in expected if name not in tensors]
     unexpected = [name for name in tensors if name not in expected]
     if missing or unexpected:
@@ -335,28 +315,12 @@ def _checked(sae: SAE, tensors: dict[str, torch.Tensor], cfg: SAEConfig, weights
     return {name: tensors[name] for name in expected}
 
 
-def _fold_scaling_factor(sae: SAE, factor: float | None, source: str) -> None:
-    """normalize_activations "expected_average_only_in": x · c folded into the weights as SAELens'
-    fold_activation_norm_scaling_factor does (W_enc · c, W_dec / c, b_dec / c), then "none"."""
-    if factor is None:
-        raise DictionaryError(f"{source}: normalize_activations 'expected_average_only_in' scales every input by a "
-                              "constant that these files do not hold (SAELens reads it from its release registry, "
-                              "pretrained_saes.yaml's norm_scaling_factor): pass norm_scaling_factor=")
-    if not (isinstance(factor, (int, float)) and factor > 0):
-        raise DictionaryError(f"norm_scaling_factor must be a positive number, got {factor!r}")
-    with torch.no_grad():
-        sae.W_enc.mul_(factor)
-        sae.W_dec.div_(factor)
-        sae.b_dec.div_(factor)
-    sae.cfg.normalize_activations = "none"
-
-
 # ---- writing -------------------------------------------------------------------------------------------------------
 
 SAVED_VERSION = "6.0.0"  # the SAELens cfg.json layout written: its metadata block, read as such from 6.0 on
 
 
-def save(sae: SAE, directory) -> list[Path]:
+def save(sae, directory) -> list[Path]:
     """Write `sae` as SAELens 6 saves one (`SAE.save_model`): cfg.json (its SAEConfig.to_dict(): d_in, d_sae, dtype,
     device, apply_b_dec_to_input, normalize_activations, reshape_activations, metadata, architecture, and k and
     rescale_acts_by_decoder_norm for topk) and sae_weights.safetensors. Files are written beside the target and

@@ -24,51 +24,19 @@ The last two scale each input by its own statistics, so decoding needs them: `de
 `normalize` returned (the splice and `forward` pass it; SAELens keeps it on the module between the two calls).
 """
 
-import dataclasses
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from weight_mapping import as_dtype
+
+from .config import DictionaryError, Metadata, SAEConfig
+from .loading import check_tensors, read, save
+
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
 _LAYER_NORM_EPS = 1e-5  # SAELens' run_time_activation_ln_in default
-
-
-class DictionaryError(ValueError):
-    """A dictionary that cannot be read or used: the message names the file, field, tensor or hook at fault."""
-
-
-class Metadata(dict):
-    """SAELens' cfg.metadata: what the dictionary was trained on (model_name, hook_name, context_size, ...), read as
-    attributes or keys; a field the files do not give is None, as in SAELens."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self.get(name)
-
-
-@dataclasses.dataclass
-class SAEConfig:
-    """What a dictionary's files say about it, in SAELens' field names."""
-
-    architecture: str  # "standard", "topk", "jumprelu", "gated"
-    d_in: int
-    d_sae: int
-    hook_name: str  # where it reads: TransformerLens' name, ours, or a transformers module (sparsify's hookpoint)
-    apply_b_dec_to_input: bool = True
-    normalize_activations: str = "none"
-    k: int | None = None  # topk: features kept per token
-    rescale_acts_by_decoder_norm: bool = False  # topk: pre-activations scaled by |W_dec[i]| before choosing
-    dtype: str = "float32"
-    format: str = ""  # the files' format: "saelens", "gemma_scope", "sparsify", or "" (built in Python)
-    source: str = ""  # where they came from, for messages
-    metadata: Metadata = dataclasses.field(default_factory=Metadata)
-
-    def __post_init__(self):
-        self.metadata = Metadata(self.metadata)
-        self.metadata.setdefault("hook_name", self.hook_name)
 
 
 class SAE(nn.Module):
@@ -104,14 +72,10 @@ class SAE(nn.Module):
         """Load a dictionary as published: SAELens' cfg.json + sae_weights.safetensors, Gemma Scope's params.npz,
         EleutherAI sparsify's cfg.json + sae.safetensors; from a local directory or file, or a hub id with the
         folder `sae_id` inside it. See scratch_models/dictionaries/loading.py for `options`."""
-        from .loading import load
-
         return load(name_or_path, sae_id, **options)
 
     def save_pretrained(self, directory) -> list:
         """Write cfg.json and sae_weights.safetensors as SAELens 6 saves them (loading.save), for SAELens and us."""
-        from .loading import save
-
         return save(self, directory)
 
     @property
@@ -250,3 +214,51 @@ def build(cfg: SAEConfig, **kwargs) -> SAE:
         raise DictionaryError(f"{cfg.source or 'the config'}: normalize_activations {cfg.normalize_activations!r} "
                               f"is not one we apply; known: {', '.join(NORMALIZATIONS)}")
     return ARCHITECTURES[cfg.architecture](cfg, **kwargs)
+
+
+# ---- loading: the files' config and tensors (loading.py) made an SAE ----------------------------------------------
+
+
+def load(name_or_path, sae_id: str | None = None, *, hook_name: str | None = None, dtype=None, device=None,
+         norm_scaling_factor: float | None = None) -> SAE:
+    """The dictionary at `name_or_path` (a directory, one of its weight files, or a hub id whose folder `sae_id`
+    holds it). `hook_name`: where it reads, for files that do not say (Gemma Scope's) or to override them.
+    `dtype`: cast its tensors (default: cfg.json's dtype, else as stored). `norm_scaling_factor`: the constant a
+    dictionary with normalize_activations "expected_average_only_in" multiplies its input by; SAELens takes it from
+    its release registry (pretrained_saes.yaml), never from the files, so here it must be given (1.0 if already
+    folded in)."""
+    cfg, tensors, weights, source = read(name_or_path, sae_id, hook_name=hook_name)
+    torch_dtype = _dtype(dtype, cfg, source)
+    sae = build(cfg, device="meta", dtype=torch_dtype)
+    state = check_tensors(tensors, sae.parameter_shapes(), cfg, weights)
+    sae.load_state_dict({name: t.to(device=device, dtype=torch_dtype) for name, t in state.items()}, assign=True)
+    sae.cfg.dtype = str(torch_dtype).removeprefix("torch.")
+    if cfg.normalize_activations == "expected_average_only_in":
+        _fold_scaling_factor(sae, norm_scaling_factor, source)
+    elif norm_scaling_factor is not None:
+        raise DictionaryError(f"{source}: norm_scaling_factor is for a dictionary with normalize_activations "
+                              f"'expected_average_only_in'; this one has {cfg.normalize_activations!r}")
+    return sae.eval()
+
+
+def _dtype(dtype, cfg: SAEConfig, source: str) -> torch.dtype:
+    try:
+        return as_dtype(dtype) or as_dtype(cfg.dtype)
+    except ValueError as e:
+        raise DictionaryError(f"{source}: {e}") from None
+
+
+def _fold_scaling_factor(sae: SAE, factor: float | None, source: str) -> None:
+    """normalize_activations "expected_average_only_in": x · c folded into the weights as SAELens'
+    fold_activation_norm_scaling_factor does (W_enc · c, W_dec / c, b_dec / c), then "none"."""
+    if factor is None:
+        raise DictionaryError(f"{source}: normalize_activations 'expected_average_only_in' scales every input by a "
+                              "constant that these files do not hold (SAELens reads it from its release registry, "
+                              "pretrained_saes.yaml's norm_scaling_factor): pass norm_scaling_factor=")
+    if not (isinstance(factor, (int, float)) and factor > 0):
+        raise DictionaryError(f"norm_scaling_factor must be a positive number, got {factor!r}")
+    with torch.no_grad():
+        sae.W_enc.mul_(factor)
+        sae.W_dec.div_(factor)
+        sae.b_dec.div_(factor)
+    sae.cfg.normalize_activations = "none"

@@ -44,8 +44,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..hook_point import HookPoint
-from ..lens_names import SAME, Alias, Layout, Resolved
+from ..lens.names import SAME, Alias, Layout, Resolved
+from ..parts.hook_point import HookPoint
 from .sae import SAE, DictionaryError
 
 logger = logging.getLogger("scratch_models")

@@ -10,7 +10,7 @@ The -it checkpoints end text at either of two tokens (`eos_token_id` [1, 107]): 
 import dataclasses
 import reprlib
 
-from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
+from ..parts.config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
                       require_grouped_heads, require_positive, require_probability, require_problem_type,
                       require_sane_sizes, require_token_id_list, set_fields)
 from ..parts.rotary import rope_fields

@@ -2,8 +2,8 @@
 
 from weight_mapping.gemma2 import GEMMA2
 
-from ..family import Family, PreLNStream
 from ..parts.attention import soft_cap
+from ..registry.family import Family, PreLNStream
 from . import transformer_lens
 from .config import Gemma2Config
 from .model import Gemma2ForCausalLM, Gemma2Model

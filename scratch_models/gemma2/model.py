@@ -24,9 +24,9 @@ from torch import nn
 
 from weight_mapping.gemma2 import GEMMA2
 
-from ..decoder import CausalDecoder, CausalLM, Step
-from ..hook_point import HookPoint
+from ..decoding.decoder import CausalDecoder, CausalLM, Step
 from ..parts.attention import attend, project_heads, result_point
+from ..parts.hook_point import HookPoint
 from ..parts.mlp import GatedMLP
 from ..parts.norms import GemmaRMSNorm
 from ..parts.rotary import RotaryEmbedding, rotate

@@ -1,11 +1,11 @@
-"""Gemma 2's task heads, as transformers 5 has them (its generic ones): decoder_heads.py's, over Gemma2Model's last
-hidden state.
+"""Gemma 2's task heads, as transformers 5 has them (its generic ones): decoding/task_heads.py's, over Gemma2Model's
+last hidden state.
 
     Gemma2ForSequenceClassification   score: h -> L at every position, read at each row's last token
     Gemma2ForTokenClassification      dropout, then score: h -> L at every position
 """
 
-from ..decoder_heads import GenericTokenClassification, SequenceClassification
+from ..decoding.task_heads import GenericTokenClassification, SequenceClassification
 from .model import Gemma2Model
 
 

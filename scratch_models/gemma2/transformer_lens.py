@@ -1,4 +1,4 @@
-"""Gemma 2 in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens_names.py).
+"""Gemma 2 in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens/names.py).
 
 TL's Gemma 2 is this model. Its `hook_embed` is the stream layer 0 reads, the token embeddings already times
 sqrt(hidden) (our `embeddings.out`; `W_E` is the table as stored). `hook_q` and `hook_k` are the queries and keys
@@ -10,7 +10,7 @@ head's scores before the final soft cap (our `uncapped_logits`); the logits a ca
 weights are stored as w and applied as 1 + w (`cfg.rmsnorm_uses_offset`); `ln1.w` is w, as TL's bridge reads it.
 """
 
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
+from ..lens.names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
                           no_unembedding_bias, norm_statistics, projection_weights, resid_pre, turned_weight,
                           unembedding)
 

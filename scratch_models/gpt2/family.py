@@ -2,7 +2,7 @@
 
 from weight_mapping import GPT2
 
-from ..family import Family, PreLNStream
+from ..registry.family import Family, PreLNStream
 from . import transformer_lens
 from .config import GPT2Config
 from .model import GPT2LMHeadModel, GPT2Model

@@ -19,11 +19,11 @@ from torch import nn
 
 from weight_mapping import GPT2
 
+from ..decoding.decoder import CausalDecoder, CausalLM, Step
 from ..parts.activations import get_activation
 from ..parts.attention import attend, project_heads, result_point
+from ..parts.hook_point import HookPoint
 from ..parts.norms import LayerNorm
-from ..decoder import CausalDecoder, CausalLM, Step
-from ..hook_point import HookPoint
 from .config import GPT2Config
 
 

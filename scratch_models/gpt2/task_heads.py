@@ -3,7 +3,7 @@
     GPT2ForSequenceClassification   score: h -> L at every position, read at each row's last token
     GPT2ForTokenClassification      classifier: h -> L at every position
     GPT2ForQuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
-                                    (these three are decoder_heads.py's, shared with GPT-NeoX)
+                                    (these three are decoding/task_heads.py's, shared with GPT-NeoX)
     GPT2DoubleHeadsModel            on [b, c, s] inputs, c choices per example: the LM head (tied to wte, as in
                                     GPT2LMHeadModel) on every token, and a multiple-choice head on one token of each
                                     choice
@@ -18,15 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..decoding.decoder import add_lm_head
+from ..decoding.task_heads import QuestionAnswering, SequenceClassification, TokenClassification
 from ..parts.activations import get_activation
-from ..config import ConfigError
-from ..decoder import add_lm_head
-from ..decoder_heads import QuestionAnswering, SequenceClassification, TokenClassification
-from ..generation import KVCache
-from ..hook_point import HookPoint
-from ..inputs import check_embeds, check_ids, check_mask, check_one_of
-from ..losses import cross_entropy
-from ..outputs import GPT2DoubleHeadsModelOutput
+from ..parts.config import ConfigError
+from ..parts.hook_point import HookPoint
+from ..parts.inputs import check_embeds, check_ids, check_mask, check_one_of
+from ..parts.kv_cache import KVCache
+from ..parts.losses import cross_entropy
+from ..parts.outputs import GPT2DoubleHeadsModelOutput
 from .config import GPT2Config
 from .model import GPT2Model
 

@@ -1,11 +1,11 @@
-"""GPT-2 in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens_names.py).
+"""GPT-2 in TransformerLens' names: its hook names, weights and config fields (see scratch_models/lens/names.py).
 
 TL's GPT-2 is this model: pre-LN, so every TL name has a tensor of ours. The LayerNorms' `hook_scale` and
 `hook_normalized` are their opt-in `scale` and `normalized` hook points, real forwards and backwards. Weights are views of our parameters where TL's shape allows, laid out as TL lays them:
 W_Q [n, h, d] per block, [layers, n, h, d] on the model.
 """
 
-from ..lens_names import (BATCH, Alias, LensTable, attention_hooks, final_stream, heads_out, no_unembedding_bias,
+from ..lens.names import (BATCH, Alias, LensTable, attention_hooks, final_stream, heads_out, no_unembedding_bias,
                           norm_statistics, resid_pre, unembedding)
 
 HOOKS = {

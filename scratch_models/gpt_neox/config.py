@@ -8,7 +8,7 @@ version reads.
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, require_activation, require_positive, require_probability,
+from ..parts.config import (ConfigError, ModelConfig, require_activation, require_positive, require_probability,
                       require_problem_type, require_sane_sizes)
 from ..parts.rotary import rope_fields
 

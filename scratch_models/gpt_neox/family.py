@@ -2,7 +2,7 @@
 
 from weight_mapping.gpt_neox import GPT_NEOX
 
-from ..family import Family, PreLNStream
+from ..registry.family import Family, PreLNStream
 from . import transformer_lens
 from .config import GPTNeoXConfig
 from .model import GPTNeoXForCausalLM, GPTNeoXModel

@@ -17,12 +17,12 @@ from torch import nn
 
 from weight_mapping.gpt_neox import GPT_NEOX
 
+from ..decoding.decoder import CausalDecoder, CausalLM, Step
 from ..parts.activations import get_activation
 from ..parts.attention import attend, project_heads, result_point
+from ..parts.hook_point import HookPoint
 from ..parts.norms import LayerNorm
 from ..parts.rotary import RotaryEmbedding, rotate
-from ..decoder import CausalDecoder, CausalLM, Step
-from ..hook_point import HookPoint
 from .config import GPTNeoXConfig
 
 

@@ -1,11 +1,11 @@
-"""GPT-NeoX's task heads, as transformers 5 has them: decoder_heads.py's, over GPTNeoXModel's last hidden state.
+"""GPT-NeoX's task heads, as transformers 5 has them: decoding/task_heads.py's, over GPTNeoXModel's last hidden state.
 
     GPTNeoXForSequenceClassification   score: h -> L at every position, read at each row's last token
     GPTNeoXForTokenClassification      dropout (classifier_dropout), then classifier: h -> L at every position
     GPTNeoXForQuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
 """
 
-from ..decoder_heads import QuestionAnswering, SequenceClassification, TokenClassification
+from ..decoding.task_heads import QuestionAnswering, SequenceClassification, TokenClassification
 from .model import GPTNeoXModel
 
 

@@ -1,5 +1,5 @@
 """GPT-NeoX (Pythia) in TransformerLens' names: its hook names, weights and config fields (see
-scratch_models/lens_names.py).
+scratch_models/lens/names.py).
 
 TL's Pythia is this model. Its `hook_q` and `hook_k` are the queries and keys before the rotary embedding (our
 `attn.q_unrotated`, `attn.k_unrotated`), `hook_rot_q` and `hook_rot_k` the turned ones whose products are the scores
@@ -10,7 +10,7 @@ views of the fused query_key_value, whose rows hold each head's q, k and v side 
 
 import torch
 
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out,
+from ..lens.names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, heads_out,
                           no_unembedding_bias, norm_statistics, resid_pre, unembedding)
 
 NO_ANGLES = ("the rotary angles are computed once per forward pass (GPTNeoXModel.positional) and held at no hook "

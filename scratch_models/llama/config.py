@@ -8,7 +8,7 @@ saved, as `rope_theta` and `rope_scaling`, which every transformers version read
 
 import dataclasses
 
-from ..config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
+from ..parts.config import (ConfigError, ModelConfig, generic_token_classifier_dropout, require_activation,
                       require_grouped_heads, require_positive, require_probability, require_problem_type,
                       require_sane_sizes, require_token_id_list, set_fields)
 from ..parts.rotary import rope_fields

@@ -2,7 +2,7 @@
 
 from weight_mapping.llama import LLAMA
 
-from ..family import Family, PreLNStream
+from ..registry.family import Family, PreLNStream
 from . import transformer_lens
 from .config import LlamaConfig
 from .model import LlamaForCausalLM, LlamaModel

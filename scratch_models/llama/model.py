@@ -13,17 +13,17 @@ are this model with other settings (their packages name the classes and give the
 
 Shapes: b batch, s new tokens, p tokens already in the KV cache, h hidden, n query heads, n_kv key/value heads,
 d head size (head_dim; not always h / n), m MLP width, V vocabulary. The stack's forward pass (KV cache, masks,
-positions) and the LM head's are decoder.py's, shared with GPT-2 and GPT-NeoX; the task heads are decoder_heads.py's
-(task_heads.py).
+positions) and the LM head's are decoding/decoder.py's, shared with GPT-2 and GPT-NeoX; the task heads are
+decoding/task_heads.py's (task_heads.py).
 """
 
 from torch import nn
 
 from weight_mapping.llama import LLAMA
 
-from ..decoder import CausalDecoder, CausalLM, Step
-from ..hook_point import HookPoint
+from ..decoding.decoder import CausalDecoder, CausalLM, Step
 from ..parts.attention import attend, project_heads, result_point
+from ..parts.hook_point import HookPoint
 from ..parts.mlp import GatedMLP
 from ..parts.norms import RMSNorm
 from ..parts.rotary import RotaryEmbedding, rotate

@@ -1,12 +1,12 @@
-"""Llama's task heads, as transformers 5 has them (its generic classes): decoder_heads.py's, over LlamaModel's last
-hidden state.
+"""Llama's task heads, as transformers 5 has them (its generic classes): decoding/task_heads.py's, over LlamaModel's
+last hidden state.
 
     LlamaForSequenceClassification   score: h -> L at every position, read at each row's last token
     LlamaForTokenClassification      dropout, then score: h -> L at every position
     LlamaForQuestionAnswering        qa_outputs: h -> 2 at every position, where the answer starts and ends
 """
 
-from ..decoder_heads import GenericTokenClassification, QuestionAnswering, SequenceClassification
+from ..decoding.task_heads import GenericTokenClassification, QuestionAnswering, SequenceClassification
 from .model import LlamaModel
 
 

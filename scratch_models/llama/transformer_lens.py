@@ -1,5 +1,5 @@
 """Llama (and the Llama-like families) in TransformerLens' names: its hook names, weights and config fields (see
-scratch_models/lens_names.py).
+scratch_models/lens/names.py).
 
 TL's Llama is this model. Its `hook_q` and `hook_k` are the queries and keys before the rotary embedding (our
 `attn.q_unrotated`, `attn.k_unrotated`), `hook_rot_q` and `hook_rot_k` the turned ones whose products are the scores
@@ -13,7 +13,7 @@ down_proj. The RMS norms have `hook_scale` and `hook_normalized` (the stream div
 the weight), and no bias.
 """
 
-from ..lens_names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
+from ..lens.names import (HEADS, Alias, LensTable, Missing, attention_hooks, final_stream, layer_bias,
                           no_unembedding_bias, norm_statistics, projection_weights, resid_pre, turned_weight,
                           unembedding)
 

@@ -3,9 +3,9 @@ models."""
 
 from weight_mapping.mistral import MISTRAL
 
-from ..family import Family
 from ..llama import transformer_lens
 from ..llama.family import GROUPED, LIKE_LLAMA, SUMMARY
+from ..registry.family import Family
 from .config import MistralConfig
 from .model import MistralForCausalLM, MistralModel
 from .task_heads import MistralForQuestionAnswering, MistralForSequenceClassification, MistralForTokenClassification

@@ -4,7 +4,7 @@ itself and the sliding_window - 1 keys before it."""
 
 from weight_mapping.mistral import MISTRAL
 
-from ..decoder import CausalLM
+from ..decoding.decoder import CausalLM
 from ..llama.model import LlamaModel
 from .config import MistralConfig
 

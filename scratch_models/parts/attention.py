@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hook_point import HookPoint
-from ..tracing import is_tracing
+from .hook_point import HookPoint
+from .tracing import is_tracing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,8 @@ Shapes: b batch, s tokens, h hidden, m MLP width.
 
 from torch import nn
 
-from ..hook_point import HookPoint
 from .activations import get_activation
+from .hook_point import HookPoint
 
 
 class GatedMLP(nn.Module):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hook_point import HookPoint
+from .hook_point import HookPoint
 
 
 class Norm(nn.Module):

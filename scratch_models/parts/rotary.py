@@ -19,7 +19,7 @@ import reprlib
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from .config import ConfigError
 
 # rope_type -> the fields of rope_scaling it reads besides rope_type
 ROPE_TYPES = {

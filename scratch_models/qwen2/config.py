@@ -3,8 +3,8 @@ layers it applies to, read as transformers 5 reads them."""
 
 import dataclasses
 
-from ..config import ConfigError
 from ..llama.config import LlamaLikeConfig
+from ..parts.config import ConfigError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 

@@ -5,9 +5,9 @@ import dataclasses
 
 from weight_mapping.qwen2 import QWEN2
 
-from ..family import Family
 from ..llama import transformer_lens
 from ..llama.family import GROUPED, LIKE_LLAMA, SUMMARY
+from ..registry.family import Family
 from .config import Qwen2Config
 from .model import Qwen2ForCausalLM, Qwen2Model
 from .task_heads import Qwen2ForQuestionAnswering, Qwen2ForSequenceClassification, Qwen2ForTokenClassification

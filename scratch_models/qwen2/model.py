@@ -3,7 +3,7 @@ v_proj, and, where config.json asks for one, a sliding window in the layers its 
 
 from weight_mapping.qwen2 import QWEN2
 
-from ..decoder import CausalLM
+from ..decoding.decoder import CausalLM
 from ..llama.model import LlamaModel
 from .config import Qwen2Config
 

@@ -1,7 +1,7 @@
-"""Qwen 2's task heads, as transformers 5 has them (its generic classes): decoder_heads.py's, over Qwen2Model's last
-hidden state (see scratch_models/llama/task_heads.py)."""
+"""Qwen 2's task heads, as transformers 5 has them (its generic classes): decoding/task_heads.py's, over Qwen2Model's
+last hidden state (see scratch_models/llama/task_heads.py)."""
 
-from ..decoder_heads import GenericTokenClassification, QuestionAnswering, SequenceClassification
+from ..decoding.task_heads import GenericTokenClassification, QuestionAnswering, SequenceClassification
 from .model import Qwen2Model
 
 

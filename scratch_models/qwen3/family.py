@@ -3,8 +3,8 @@ models."""
 
 from weight_mapping.qwen3 import QWEN3
 
-from ..family import Family
 from ..llama.family import GROUPED, LIKE_LLAMA, SUMMARY
+from ..registry.family import Family
 from . import transformer_lens
 from .config import Qwen3Config
 from .model import Qwen3ForCausalLM, Qwen3Model

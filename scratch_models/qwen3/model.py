@@ -4,7 +4,7 @@ and Qwen 2's sliding window where config.json asks for one."""
 
 from weight_mapping.qwen3 import QWEN3
 
-from ..decoder import CausalLM
+from ..decoding.decoder import CausalLM
 from ..llama.model import LlamaModel
 from .config import Qwen3Config
 

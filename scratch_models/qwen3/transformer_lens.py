@@ -7,7 +7,7 @@ before the rotation (our `attn.q_unrotated`, `attn.k_unrotated`, in TL's layout 
 and `attn.k_norm` have their `hook_scale` and `hook_normalized`, [b, n, s, ...] as in TL, and their weights `w`.
 """
 
-from ..lens_names import HEADS, Alias, LensTable, norm_statistics
+from ..lens.names import HEADS, Alias, LensTable, norm_statistics
 from ..llama import transformer_lens as llama
 
 HOOKS = {**llama.HOOKS,

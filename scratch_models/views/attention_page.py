@@ -38,7 +38,7 @@ import re
 import torch
 
 from ..analysis.heads import AttentionSummary, HeadReport
-from ..inspection import AttentionCapture
+from ..hooking.inspection import AttentionCapture
 from .display import ATTENTION_COLOURS, page_file, script_json, write_atomically
 
 MAX_BYTES = 20_000_000  # a few seconds to open in Chromium on a 2-core machine; a notebook output stays sane

@@ -22,7 +22,7 @@ import torch
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
-from ..inspection import AttentionCapture
+from ..hooking.inspection import AttentionCapture
 from .display import ATTENTION_COLOURS, PNG, drawable, picture_label, render_png
 
 DPI = 100

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from scratch_models.analysis.heads import token_groups
-from scratch_models.families import FAMILIES, family_of, offline_advice
-from scratch_models.family import Family
-from scratch_models.tokenizer import SPECIAL_ROLES, Tokenizer
+from scratch_models.registry.families import FAMILIES, family_of, offline_advice
+from scratch_models.registry.family import Family
+from scratch_models.registry.tokenizer import SPECIAL_ROLES, Tokenizer
 from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, NotCached, open_checkpoint
 
 # a tokenizer needs one of these (the others beside it only configure it)

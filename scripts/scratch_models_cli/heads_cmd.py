@@ -22,7 +22,7 @@ from scratch_models.analysis.heads import HeadReport, analyze_heads
 from scratch_models.analysis.metrics import PoolerOutput, TokenLogit, TokenLogProb
 from scratch_models.views.pages import heads_html
 from scratch_models.views.attention_page import AttentionPage
-from scratch_models.inspection import AttentionCapture, attention_names
+from scratch_models.hooking.inspection import AttentionCapture, attention_names
 from weight_mapping import staged
 
 from .common import at_least_one, check_writable_directory, key_groups, plural, written_files

@@ -24,7 +24,7 @@ import torch
 from scratch_models.analysis.heads import AttentionSummary
 from scratch_models.views.attention_page import AttentionPage
 from scratch_models.views.attention_plots import attention_grid_png, head_png
-from scratch_models.inspection import AttentionCapture, format_summary, summarize
+from scratch_models.hooking.inspection import AttentionCapture, format_summary, summarize
 from weight_mapping import staged
 
 from .common import check_writable_directory, encode, key_groups, open_model, require_device, written_files

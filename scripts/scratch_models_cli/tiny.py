@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from scratch_models.families import FAMILIES
-from scratch_models.tokenizer import Tokenizer
+from scratch_models.registry.families import FAMILIES
+from scratch_models.registry.tokenizer import Tokenizer
 from weight_mapping import staged
 
 from .common import check_writable_directory

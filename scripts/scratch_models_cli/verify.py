@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from scratch_models.pretrained import as_dtype
+from weight_mapping import as_dtype
 from weight_mapping import CheckpointError
 
 from .common import Opened, encode, open_model, plural, quiet_transformers, quoted, random_inputs, require_device

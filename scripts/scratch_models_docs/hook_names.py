@@ -8,15 +8,15 @@ from pathlib import Path
 
 import torch
 
-from scratch_models import activation_cache
-from scratch_models.activation_cache import ActivationCache
+from scratch_models.hooking import activation_cache
+from scratch_models.hooking.activation_cache import ActivationCache
 from scratch_models.analysis import lens_table
 from scratch_models.dictionaries import SAEConfig, build
 from scratch_models.dictionaries.splice import LENS_SUFFIXES
-from scratch_models.families import FAMILIES
-from scratch_models.lens_names import Alias, Missing
-from scratch_models.pretrained import PretrainedModel
-from scratch_models.tokenizer import Tokenizer
+from scratch_models.registry.families import FAMILIES
+from scratch_models.lens.names import Alias, Missing
+from scratch_models.registry.pretrained import PretrainedModel
+from scratch_models.registry.tokenizer import Tokenizer
 
 from .walkthrough import missing_images, walkthrough_markdown
 
@@ -74,7 +74,7 @@ suggests the closest ones.
 TransformerLens' names work too, wherever a name is taken (`blocks.{i}.attn.hook_z`, `cache["pattern", 0]`), each
 giving TransformerLens' tensor in its layout: each family's table below says which of ours it is. TL's calls go with
 them: `run_with_hooks(fwd_hooks=[(name or filter, fn)])` with `fn(tensor, hook)`, `run_with_cache(names_filter=...)`,
-`model.add_hook`, `model.cfg`, `model.W_Q`, ... (scratch_models/lens_compat.py).
+`model.add_hook`, `model.cfg`, `model.W_Q`, ... (scratch_models/lens/api.py).
 
 Shapes: b batch, s sequence (new tokens in a causal model), p tokens already in its KV cache, h hidden size,
 n heads, d = h / n head size, m MLP width, V vocabulary. Hook points cost one attribute test when nobody listens.

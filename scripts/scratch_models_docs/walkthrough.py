@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from scratch_models import BertModel, GPT2Config, GPT2Model, GPTNeoXConfig, GPTNeoXModel
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models.parts import activations, attention
 from scratch_models.views.attention_plots import attention_grid_png, head_png
 from scratch_models.bert.model import BertMLP, BertPooler, BertSelfAttention
@@ -30,7 +30,7 @@ from scratch_models.bert.task_heads import BertForSequenceClassification
 from scratch_models.gpt2.model import Conv1D, GPT2Attention, GPT2Block
 from scratch_models.gpt_neox.model import GPTNeoXAttention, GPTNeoXLayer
 from scratch_models.parts.rotary import RotaryEmbedding, rotate
-from scratch_models.inspection import AttentionCapture
+from scratch_models.hooking.inspection import AttentionCapture
 from weight_mapping import BERT, GPT2, Checkpoint, MappingTable, embedded_checkpoint, open_checkpoint
 from weight_mapping.gpt_neox import GPT_NEOX
 

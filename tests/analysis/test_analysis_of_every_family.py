@@ -2,8 +2,9 @@
 residual-stream helpers, the per-head results, the logit lens, activation and attribution patching and the heads'
 summaries, each held to an identity that must hold exactly (or within the fp32 bound) whatever the family.
 
-A family registered in scratch_models.families is tested here with no edit; what its stream has or lacks (BERT is
-post-LN; GPT-NeoX's parallel residual has no stream between attention and MLP) is read from its ResidualStream.
+A family registered in scratch_models.registry.known is tested here with no edit; what its stream has or lacks
+(BERT is post-LN; GPT-NeoX's parallel residual has no stream between attention and MLP) is read from its
+ResidualStream.
 """
 
 from pathlib import Path
@@ -16,7 +17,7 @@ from scratch_models.analysis.heads import AttentionSummary
 from scratch_models.analysis.metrics import LogitDiff, last_positions
 from scratch_models.analysis.patching import (Patch, activation_patching, get_act_patch_resid_mid, hook_name,
                                               run_patches)
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from test_heads import reference_summary
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -17,7 +17,7 @@ import transformers
 from helpers import byte_level_bpe, each_family, reference, save
 from test_lens_demos import get_cache_fwd_and_bwd  # the Attribution Patching Demo's
 from scratch_models import get_act_name
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from weight_mapping import embedded_checkpoint
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")

@@ -11,7 +11,7 @@ import transformers
 
 from helpers import assert_bridge_tensors, byte_level_bpe, reference, save
 from scratch_models import LlamaModel
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")

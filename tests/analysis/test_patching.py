@@ -13,7 +13,7 @@ from scratch_models.analysis.patching import (SWEEPS, Patch, activation_patching
                                               get_act_patch_attn_head_out_all_pos, get_act_patch_attn_head_out_by_pos,
                                               get_act_patch_block_every, get_act_patch_resid_pre, hook_name,
                                               prompt_rows, run_patches)
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from helpers import assert_parity, each_family, randomize_
 
 VOCAB, SEQ = 97, 7

@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from scratch_models import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
-from scratch_models.generation import KVCache
+from scratch_models.parts.kv_cache import KVCache
 
 spec = importlib.util.spec_from_file_location("benchmark", Path(__file__).resolve().parents[2] / "scripts" / "benchmark.py")
 benchmark = importlib.util.module_from_spec(spec)

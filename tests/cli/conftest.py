@@ -7,7 +7,7 @@ import pytest
 import transformers
 
 from helpers import byte_level_bpe, randomize_, reference, save
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from weight_mapping import embedded_checkpoint
 
 MINILM = embedded_checkpoint()

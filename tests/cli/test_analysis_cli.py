@@ -8,7 +8,7 @@ import torch
 import transformers
 from PIL import Image
 
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.cli import main
 from weight_mapping import embedded_checkpoint
 from helpers import randomize_

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from helpers import each_family, reference, save
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.classify import classify
 from scratch_models_cli.cli import main
 from weight_mapping import TOKENIZER_FILES, embedded_checkpoint

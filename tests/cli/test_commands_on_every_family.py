@@ -1,7 +1,7 @@
 """Every command on every registered family, from its declaration alone: a small random LM of the family's tiny
 config with a tokenizer (conftest's family_checkpoints: a byte-level BPE trained on the spot for a causal family,
 MiniLM's WordPiece for a masked one), run through `scratch-models` as a user would. A family registered in
-scratch_models.families is covered here with no edit."""
+scratch_models.registry.families is covered here with no edit."""
 
 import json
 
@@ -11,7 +11,7 @@ import transformers
 from PIL import Image
 
 from helpers import reference, save
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

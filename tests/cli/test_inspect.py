@@ -18,9 +18,9 @@ from scratch_models.views.attention_page import AttentionPage
 from scratch_models.views.attention_plots import (GRID_CELL, GRID_LEFT, GRID_RIGHT, GRID_TOP, HEAD_MAX, HEAD_MIN,
                                                   LABEL_PX, attention_grid_png, head_png, head_side, label_every)
 from scratch_models.views.display import PNG
-from scratch_models.inspection import AttentionCapture, attention_names, format_summary, summarize
+from scratch_models.hooking.inspection import AttentionCapture, attention_names, format_summary, summarize
 from scratch_models_cli.cli import main
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_docs.hook_names import hook_names_markdown
 from scratch_models_cli.verify import at_sighted
 from weight_mapping import embedded_checkpoint

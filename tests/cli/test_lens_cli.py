@@ -11,7 +11,7 @@ import transformers
 from PIL import Image
 
 from helpers import each_family, randomize_
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models.views.lens_plot import CELL_HEIGHT, CELL_WIDTH, BOTTOM, LEFT, RIGHT, TOP
 from scratch_models_cli.cli import main
 from weight_mapping import embedded_checkpoint

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from scratch_models.families import FAMILIES
-from scratch_models.pretrained import PretrainedModel
+from scratch_models.registry.families import FAMILIES
+from scratch_models.registry.pretrained import PretrainedModel
 from scratch_models_cli.cli import main
 from helpers import fake_hub_cache
 from weight_mapping import embedded_checkpoint

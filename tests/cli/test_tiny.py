@@ -9,7 +9,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 
 from helpers import each_family, fake_hub
 from scratch_models import CheckpointError
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.cli import main
 from scratch_models_cli.tiny import tiny
 from weight_mapping import embedded_checkpoint

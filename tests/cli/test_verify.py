@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from scratch_models import BertModel
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.cli import main
 from scratch_models_cli.fill_mask import fill_mask
 from scratch_models_cli.verify import verify

@@ -11,7 +11,7 @@ import torch
 from corpus_data import SENTENCES, write_jsonl
 from helpers import assert_parity
 from scratch_models.corpus import HarvestError, as_bfloat16, harvest, iter_activations, run_harvest
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 
 def torch_rows(dataset):

@@ -4,7 +4,7 @@ named conftest, so importing from one finds whichever was loaded first)."""
 import torch
 
 from scratch_models.dictionaries import SAEConfig, build
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 
 def random_sae(architecture: str, d_in: int, d_sae: int = 96, hook_name: str = "layers.0.out", seed: int = 0,

@@ -8,7 +8,7 @@ import torch
 from dictionary_data import random_sae, tiny_model
 from scratch_models.analysis.patching import Patch, run_patches
 from scratch_models.dictionaries import DictionaryError, Splice
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 ARCHITECTURES = ("standard", "topk", "jumprelu", "gated")
 

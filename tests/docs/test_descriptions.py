@@ -1,12 +1,12 @@
 """What the package says it is, in its docstring and in pyproject.toml's description, is the registry's truth: no
-family it names is missing from scratch_models.families, and the docstring names every one that is there."""
+family it names is missing from scratch_models.registry.families, and the docstring names every one that is there."""
 
 import re
 import tomllib
 from pathlib import Path
 
 import scratch_models
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
 # families people look for, registered or not: naming one that is not registered promises a model that is not here

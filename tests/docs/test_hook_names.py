@@ -3,7 +3,7 @@ generated from."""
 
 import re
 
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_docs.hook_names import hook_names_markdown
 
 

@@ -122,7 +122,7 @@ def test_gpt_neox_has_a_chapter_on_rotary_embeddings_and_the_parallel_residual()
 
 def test_where_to_go_next_names_what_is_there():
     """Every family's mapping table, the notebook and the tiny models, each a file or command that exists."""
-    from scratch_models.families import FAMILIES
+    from scratch_models.registry.families import FAMILIES
 
     page = PAGE.read_text(encoding="utf-8")
     section = page[page.index("## Where to go next"):]

@@ -131,7 +131,7 @@ def test_a_field_of_several_kinds_takes_each_and_names_them_all(value, ok):
     `int | list | None` takes both (and null), and anything else is named with every kind it may be."""
     import dataclasses
 
-    from scratch_models.config import ModelConfig
+    from scratch_models.parts.config import ModelConfig
 
     @dataclasses.dataclass(frozen=True)
     class Config(ModelConfig):

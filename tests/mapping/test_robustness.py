@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from scratch_models import BertModel, CheckpointError, ConfigError
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from helpers import LOGITS_ATOL, assert_parity, each_family, fake_hub, fused_attention, http_error, reference
 
 POSITIONS = 9

@@ -16,7 +16,7 @@ import transformers
 
 from helpers import each_family, reference, save, write_config
 from scratch_models import CheckpointError
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 
 def names(cls, config) -> set[str] | None:

@@ -18,7 +18,7 @@ import transformers
 import scratch_models
 from helpers import assert_parity, randomize_, write_config, write_weights
 from scratch_models import BertModel, CheckpointError
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.verify import compare_modules
 from test_bert import BERT_BASE, legacy_state
 from test_export import export, file_tensors

@@ -1,4 +1,4 @@
-"""The compiled path (scratch_models.compiled): torch.compile of our models with the hook points idle makes one
+"""The compiled path (scratch_models.decoding.compiled): torch.compile of our models with the hook points idle makes one
 graph; a hook attached later is never met by a stale graph; frozen weights edited in place are refused; the
 compiled forward and the compiled decoding step over a static KV cache follow eager float32 within the bound below.
 
@@ -10,9 +10,9 @@ import torch
 
 from helpers import assert_parity, sighted
 from scratch_models import BertForMaskedLM
-from scratch_models.compiled import StaticKVCache, compile_model
-from scratch_models.families import FAMILIES
-from scratch_models.generation import KVCache
+from scratch_models.decoding.compiled import StaticKVCache, compile_model
+from scratch_models.registry.families import FAMILIES
+from scratch_models.parts.kv_cache import KVCache
 from test_edges import VOCAB, lm, padded, saved  # noqa: F401 (saved: a fixture)
 
 CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
@@ -284,8 +284,8 @@ def test_static_decoding_scores_every_step_as_the_growing_cache_does(saved, fami
     """The static cache's new token sits at column `slot`, not at its end: a sliding-window layer (Gemma 2's first)
     counts its window back from there. Each step's scores over the static cache, run eagerly (the graph's
     arithmetic is the compiled tests' business), against the growing cache's, past the window."""
-    from scratch_models.compiled import StaticDecoding
-    from scratch_models.generation import CachedDecoding
+    from scratch_models.decoding.compiled import StaticDecoding
+    from scratch_models.decoding.generation import CachedDecoding
 
     model = lm(family).from_pretrained(saved[family][0])
     ids = torch.randint(1, VOCAB - 1, (3, 6), generator=torch.Generator().manual_seed(3))

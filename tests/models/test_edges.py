@@ -14,7 +14,7 @@ import torch
 from helpers import (LOGITS_ATOL, assert_parity, blind_zeroed, each_device, each_family, padded_batch, reference,
                      save)
 from scratch_models import BertModel
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 
 @pytest.fixture(scope="module")

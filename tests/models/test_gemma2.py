@@ -24,7 +24,7 @@ from helpers import (ATOL, LOGITS_ATOL, RTOL, assert_parity, blind_zeroed, check
                      hub_model_available, randomize_, save, sighted, write_weights)
 from scratch_models import (ConfigError, Gemma2Config, Gemma2ForCausalLM, Gemma2ForSequenceClassification,
                             Gemma2ForTokenClassification, Gemma2Model)
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models.gemma2.model import Gemma2Embeddings
 from scratch_models_cli.verify import TOLERANCES, verify
 from weight_mapping import CheckpointError

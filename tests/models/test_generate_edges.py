@@ -1,7 +1,7 @@
 """generate at its edges on every causal family, token for token against transformers' generate: an end token
 outside the vocabulary (transformers' GPT2Config keeps eos_token_id=50256 whatever vocab_size is; any config may
 say so), eos_token_id=None, lists of end tokens, bad ids, and prompts padded on the wrong side. A causal family
-registered in scratch_models.families is tested here with no edit."""
+registered in scratch_models.registry.families is tested here with no edit."""
 
 import dataclasses
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import reference, save
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 VOCAB = 100
 OUTSIDE = 50256  # an end token outside the vocabulary: GPT-2's, which transformers keeps in every small GPT2Config

@@ -1,7 +1,7 @@
 """The KV cache and generation on every causal family, from its declaration alone: a cache filled step by step is
 one forward pass, a cache started with use_cache=True counts positions on, `logits_to_keep`, greedy decoding and
 seeded sampling token for token against transformers' generate, streaming, the position table's limit, and the
-warpers. A causal family registered in scratch_models.families is tested here with no edit.
+warpers. A causal family registered in scratch_models.registry.families is tested here with no edit.
 
 Edges of `generate` (end tokens outside the vocabulary, lists of them, bad ids, padding on the wrong side) are in
 test_generate_edges.py; a cache of another depth or batch in test_edges.py.
@@ -14,8 +14,9 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from helpers import LOGITS_ATOL, assert_parity, each_device, fused_attention, reference, save
-from scratch_models.families import FAMILIES
-from scratch_models.generation import KVCache, warp
+from scratch_models.registry.families import FAMILIES
+from scratch_models.decoding.generation import warp
+from scratch_models.parts.kv_cache import KVCache
 
 CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
 each_causal = pytest.mark.parametrize("family", CAUSAL)

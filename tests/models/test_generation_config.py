@@ -10,8 +10,8 @@ import torch
 import transformers
 
 from helpers import each_family, reference, save
-from scratch_models.families import FAMILIES
-from scratch_models.generation import GenerationConfig
+from scratch_models.registry.families import FAMILIES
+from scratch_models.decoding.generation import GenerationConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -145,5 +145,6 @@ def test_a_model_built_in_python_takes_its_config_s_tokens(family):
     declared = FAMILIES[family]
     model = declared.lm(declared.tiny(eos_token_id=5, pad_token_id=6))
     assert model.generation_config == GenerationConfig(eos_token_id=5, pad_token_id=6)
-    with pytest.raises(TypeError, match="generation_config must be a scratch_models.generation.GenerationConfig"):
+    with pytest.raises(TypeError,
+                       match="generation_config must be a scratch_models.decoding.generation.GenerationConfig"):
         model.generation_config = {"eos_token_id": 5}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import LOGITS_ATOL, assert_parity, each_family, padded_batch, reference, save
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 
 # a padding id every family's tiny vocabulary has, so sequence classifiers take batches
 PAD = 0

@@ -19,7 +19,7 @@ import transformers
 from helpers import (ATOL, LOGITS_ATOL, assert_parity, check_causal_lm, each_device, padded_batch, reference, save,
                      write_weights)
 from scratch_models import ConfigError, LlamaConfig, LlamaForCausalLM, LlamaModel
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.verify import TOLERANCES, verify
 from weight_mapping import CheckpointError
 

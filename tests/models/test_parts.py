@@ -12,8 +12,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.gemma2 import modeling_gemma2
 from transformers.models.llama import modeling_llama
 
-from scratch_models.config import ConfigError
-from scratch_models.hook_point import HookPoint
+from scratch_models.parts.config import ConfigError
+from scratch_models.parts.hook_point import HookPoint
 from scratch_models.parts.attention import Mask, attend, causal_mask, repeat_kv
 from scratch_models.parts.mlp import GatedMLP
 from scratch_models.parts.norms import GemmaRMSNorm, LayerNorm, RMSNorm
@@ -314,7 +314,7 @@ def test_a_declared_logit_cap_caps_the_lm_heads_scores_as_gemma2_does():
     import dataclasses
 
     from scratch_models import GPTNeoXConfig, GPTNeoXForCausalLM
-    from scratch_models.families import FAMILIES
+    from scratch_models.registry.families import FAMILIES
 
     @dataclasses.dataclass(frozen=True)
     class CappedConfig(GPTNeoXConfig):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from helpers import LOGITS_ATOL, assert_parity, each_family, fused_attention, reference, sighted
 from scratch_models import ConfigError
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models.parts.activations import ACTIVATIONS
 
 # 40 examples per family (30-300 ms each) keep this file near a minute for seven families on two cores.

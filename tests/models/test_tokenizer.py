@@ -1,6 +1,6 @@
-"""The checkpoint's own tokenizer (scratch_models.tokenizer, the `tokenizers` library on tokenizer.json) against
-transformers' AutoTokenizer: all-MiniLM-L6-v2's WordPiece with [CLS] / [SEP], sentence pairs and token types, and a
-GPT-2 byte-level BPE built here in the hub's gpt2 layout; the model's to_tokens / to_str_tokens / to_string."""
+"""The checkpoint's own tokenizer (scratch_models.registry.tokenizer, the `tokenizers` library on tokenizer.json)
+against transformers' AutoTokenizer: all-MiniLM-L6-v2's WordPiece with [CLS] / [SEP], sentence pairs and token types,
+and a GPT-2 byte-level BPE built here in the hub's gpt2 layout; the model's to_tokens / to_str_tokens / to_string."""
 
 import copy
 import json
@@ -12,7 +12,7 @@ import transformers
 
 from helpers import byte_level_bpe, randomize_
 from scratch_models import BertModel, CheckpointError, GPT2LMHeadModel
-from scratch_models.tokenizer import Tokenizer
+from scratch_models.registry.tokenizer import Tokenizer
 from weight_mapping import embedded_checkpoint
 
 MINILM = embedded_checkpoint()

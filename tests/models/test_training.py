@@ -12,7 +12,7 @@ import transformers
 
 from helpers import (ATOL, RTOL, assert_parity, each_device, each_family, fused_attention, no_dropout, reference,
                      save)
-from scratch_models.families import FAMILIES
+from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.verify import TOLERANCES
 
 # Gradient parity: per parameter, max |ours - theirs| <= GRAD_TOL * max |theirs|. Relative to the parameter's

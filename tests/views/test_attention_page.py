@@ -17,7 +17,7 @@ import torch
 from helpers import long_attention
 from scratch_models.analysis.heads import AttentionSummary, HeadReport
 from scratch_models.views.attention_page import MAX_BYTES, MAX_TOKENS, AttentionPage
-from scratch_models.inspection import AttentionCapture
+from scratch_models.hooking.inspection import AttentionCapture
 
 REPO = Path(__file__).resolve().parents[2]
 L, H, S, D = 3, 4, 7, 8

@@ -9,7 +9,7 @@ from matplotlib import colormaps
 from PIL import Image
 
 from helpers import long_attention
-from scratch_models.inspection import AttentionCapture
+from scratch_models.hooking.inspection import AttentionCapture
 from scratch_models.views.attention_plots import (CMAP, GRID_CELL, GRID_LEFT, GRID_RIGHT, GRID_TOP, HEAD_LEFT, HEAD_TOP,
                                                   attention_grid_png, head_png, head_side, shrunk)
 from scratch_models.views.display import ATTENTION_COLOURS

@@ -12,7 +12,7 @@
   (`use_transformer_lens()`) sets what a TL user expects: `default_return_type = "logits"`,
   `default_prepend_bos` as TL's TransformerBridge sets it for the family, and caches keyed by TL's names.
 - TL's switches `set_use_attn_result`, `set_use_split_qkv_input`, `set_use_attn_in`, `set_use_hook_mlp_in`: the
-  hooks they turn on are then seen by TL's filters (scratch_models.hooks, scratch_models.lens_forks).
+  hooks they turn on are then seen by TL's filters (scratch_models.hooking.hooked_model, scratch_models.lens.forks).
 - `cfg`: TL's config field names (n_layers, d_model, n_heads, d_head, d_mlp, d_vocab, n_ctx, act_fn, ...).
 - Weights in TL's shapes, views of our parameters where TL's layout allows: W_E [V, h], W_pos [n_ctx, h],
   W_U [h, V], b_U, and per layer stacked W_Q / W_K / W_V [l, n, h, d], W_O [l, n, d, h], b_Q / b_K / b_V [l, n, d],
@@ -23,7 +23,7 @@
   `OV` and `QK` (and `blocks[l].attn.OV`, ...) as TL's own FactoredMatrix, when transformer_lens is installed.
 - `to_single_token`, `get_token_position`, `tokens_to_residual_directions`, `loss_fn`.
 
-Which tensor each name means, per family, is the family's table (scratch_models/lens_names.py).
+Which tensor each name means, per family, is the family's table (scratch_models/lens/names.py).
 """
 
 import dataclasses
@@ -33,8 +33,8 @@ import re
 import torch
 import torch.nn.functional as F
 
-from .lens_names import Resolved
-from .outputs import logits_of
+from ..parts.outputs import logits_of
+from .names import Resolved, layer_of
 
 RETURN_TYPES = ("output", "logits", "loss", "both", "predictions", None)
 _CALL_OPTIONS = frozenset({"return_type", "loss_per_token", "prepend_bos", "padding_side", "input", "stop_at_layer"})
@@ -50,6 +50,27 @@ _STACKED_WEIGHTS = {name: f"attn.{name}" for name in ("W_Q", "W_K", "W_V", "W_O"
                    {name: f"mlp.{name}" for name in ("W_in", "b_in", "W_gate", "b_gate", "W_out", "b_out")}
 # TL's weights that hold one head per key/value head under grouped-query attention
 _GROUPED = ("attn.W_K", "attn.W_V", "attn.b_K", "attn.b_V")
+
+
+class LensHook:
+    """What a TransformerLens-style hook function gets as `hook`: the name it was attached by (`hook.name`, so
+    `clean_cache[hook.name]` finds the clean tensor), `hook.layer()`, a `ctx` dict kept for the hook's life, and
+    TL's HookPoint methods `add_hook` / `remove_hooks` (`model.blocks[3].attn.hook_z.add_hook(fn)`)."""
+
+    def __init__(self, model, name: str):
+        self.model, self.name, self.ctx = model, name, {}
+
+    def layer(self) -> int:
+        return layer_of(self.name)
+
+    def add_hook(self, hook, dir: str = "fwd", is_permanent: bool = False) -> None:
+        self.model.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent)
+
+    def remove_hooks(self, dir: str = "both", including_permanent: bool = False) -> None:
+        self.model.reset_hooks(including_permanent=including_permanent, names=[self.name], dir=dir)
+
+    def __repr__(self) -> str:
+        return f"LensHook({self.name!r})"
 
 
 @dataclasses.dataclass
@@ -137,7 +158,7 @@ class TransformerLensMixin:
     # what a call returns when it does not say (return_type): "output" (ours) or TL's "logits"
     default_return_type = "output"
     # whether text starts with a BOS token when a call does not say (prepend_bos): None leaves the tokenizer's
-    # template as it is (transformers' way); True / False as TL's (see scratch_models.tokenizer)
+    # template as it is (transformers' way); True / False as TL's (see scratch_models.registry.tokenizer)
     default_prepend_bos = None
     # caches keyed by TransformerLens' names and hook_dict in them (use_transformer_lens)
     transformer_lens = False
@@ -160,7 +181,7 @@ class TransformerLensMixin:
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """TL's switch: `blocks.{l}.hook_q_input`, `hook_k_input`, `hook_v_input` [b, s, n, h], a copy of the
-        stream per head feeding only that head's queries, keys or values (scratch_models.lens_forks). Not with
+        stream per head feeding only that head's queries, keys or values (scratch_models.lens.forks). Not with
         use_attn_in."""
         if use_split_qkv_input and self.lens_flag("use_attn_in"):
             raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive (as in TransformerLens): "
@@ -413,8 +434,6 @@ class TransformerLensMixin:
     def lens_attribute(self, path: str):
         """What TransformerLens' `path` is on this model: a weight (`blocks.3.attn.W_Q`), a hook (`blocks.3.attn.
         hook_z`, with add_hook), or a part holding more (`blocks.3.attn`)."""
-        from .hooks import LensHook
-
         weights = self.lens_table().weights
         template = re.sub(r"^blocks\.\d+\.", "blocks.{i}.", path)
         if template in ("blocks.{i}.attn.OV", "blocks.{i}.attn.QK"):
@@ -442,7 +461,7 @@ class TransformerLensMixin:
                              "transformer_lens.py)")
 
     def lens_table(self):
-        """The family's TransformerLens table (scratch_models.lens_names.LensTable)."""
+        """The family's TransformerLens table (scratch_models.lens.names.LensTable)."""
         table = self.family.transformer_lens
         if table is None:
             raise LensUnavailable(f"the {self.family.title} family declares no TransformerLens names (Family."

@@ -26,9 +26,10 @@ import threading
 import torch
 import torch._inductor.config
 
-from .generation import CachedDecoding, GenerationMixin, KVCache
-from .hooks import activation_cache, names_to_cache
-from .parts.attention import causal_mask
+from ..hooking.hooked_model import activation_cache, names_to_cache
+from ..parts.attention import causal_mask
+from ..parts.kv_cache import KVCache
+from .generation import CachedDecoding, GenerationMixin
 
 
 def compile_model(model, *, freeze: bool = False) -> "CompiledModel":

@@ -1,17 +1,15 @@
-"""The registry of model families: a family is a package of scratch_models that declares `FAMILY` (see family.py),
-and is registered by its name here, once."""
+"""Which model families are built here, and what the models near them that none builds are.
 
-import importlib
+Below both the registry (families.py, which imports each package named here) and a family's declaration (family.py,
+which refuses what no family builds before reading a config as its own), so neither needs the other.
+"""
+
 import reprlib
 
-from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, embedded_checkpoint, read_config_json
+from weight_mapping import CheckpointError
 
-from .family import Family, architectures
-
+# the registered families: a package of scratch_models each, whose name is its config.json model_type
 FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2")
-
-FAMILIES: dict[str, Family] = {family.name: family for family in
-                               (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}
 
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
@@ -40,7 +38,7 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
     GPTQ, AWQ, bitsandbytes, ... store packed integers and scales in place of the weights), a mixture of experts, a
     multimodal model (a vision or audio tower beside the language model), or a model_type in NOT_BUILT. Refused
     before anything is built or read, so no model is ever half loaded from it."""
-    supported = ", ".join(FAMILIES)
+    supported = ", ".join(FAMILY_PACKAGES)
     quantization = raw.get("quantization_config")
     if quantization is not None:
         method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
@@ -61,45 +59,3 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
 def _counts(raw: dict, *fields: str) -> bool:
     return any(isinstance(raw.get(field), int) and not isinstance(raw.get(field), bool) and raw[field] > 1
                for field in fields)
-
-
-def family_of(checkpoint: Checkpoint) -> Family:
-    """The family of an open checkpoint, from its config.json: its model_type, else the family of the class its
-    `architectures` names (a config written by hand or by an old tool may lack model_type). A CheckpointError names
-    anything else, and says what a model no family builds is (refuse_unbuilt)."""
-    raw, config_path = checkpoint.config_json, checkpoint.config_path
-    refuse_unbuilt(raw, config_path)
-    supported = ", ".join(FAMILIES)
-    model_type = raw.get("model_type")
-    if model_type is not None:
-        if model_type not in FAMILIES:
-            raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported; supported: {supported}")
-        return FAMILIES[model_type]
-    named = architectures(raw)
-    for family in FAMILIES.values():
-        if any(cls.__name__ in named for cls in family.classes):
-            return family
-    said = f"its architectures name {', '.join(named)}" if named else "and no architectures"
-    raise CheckpointError(f"{config_path}: no model_type, {said}, which is none of the supported families' classes "
-                          f"({supported})")
-
-
-def offline_advice(family: Family | None) -> str:
-    """What to use offline in place of a hub checkpoint of `family` that is not cached (None: a family not known):
-    `scratch-models tiny`, and the embedded real checkpoint where it is of that family."""
-    embedded = _embedded_family()
-    real = (f"`{EMBEDDED_NAME}`, the real {FAMILIES[embedded].title} all-MiniLM-L6-v2 that comes with this package "
-            "(offline)") if embedded in FAMILIES else ""
-    if family is None:
-        return (f"To try the commands offline, `scratch-models tiny FAMILY DIR` writes a small random model with a "
-                f"tokenizer (FAMILY: {', '.join(FAMILIES)}) to use in its place" + (f"; or use {real}" if real else ""))
-    return (f"To try it offline, `scratch-models tiny {family.name} DIR` writes a small random {family.title} model "
-            f"with a tokenizer to use in its place" + (f"; or use {real}" if embedded == family.name else ""))
-
-
-def _embedded_family() -> str | None:
-    """The model_type of the embedded checkpoint (`minilm`), None where its package is not installed."""
-    try:
-        return read_config_json(embedded_checkpoint() / "config.json").get("model_type")
-    except CheckpointError:
-        return None

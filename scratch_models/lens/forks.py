@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from .lens_names import Resolved
+from .names import Resolved, in_forward_order, table_names
 
 # TL name (in a layer) -> (the copy's target, TL's weight and bias that compute it from the normalised copy)
 _ATTENTION_TARGETS = {kind: (f"attn.hook_{kind}", f"attn.W_{kind.upper()}", f"attn.b_{kind.upper()}")
@@ -140,3 +140,13 @@ def fork_run(model, resolved: Resolved) -> ForkRun:
         run = runs[resolved.name] = ForkRun(model, resolved)
     return run
 
+
+def lens_names(model) -> dict[str, Resolved]:
+    """Every TL hook name of `model` -> Resolved, in forward order: its family table's (lens/names.py) and TL's
+    switched-on copies of the stream that they feed (set_use_split_qkv_input, ...). Empty for a family that declares
+    no table."""
+    resolved = table_names(model)
+    if not resolved:
+        return resolved
+    resolved |= forks(model, model.family.stream(model), resolved)
+    return in_forward_order(model, resolved)

@@ -4,7 +4,7 @@ A hook point's name is its path in the module tree (`layers.3.attn.probs`; a pur
 left out), so names are stable and need no second list. `HookedModel` runs a model with listeners on them:
 `run_with_hooks` edits, `run_with_cache` records into an `ActivationCache`.
 
-TransformerLens' conventions work beside ours (scratch_models/lens_names.py): its hook names wherever a name is
+TransformerLens' conventions work beside ours (scratch_models/lens/names.py): its hook names wherever a name is
 taken (`blocks.3.attn.hook_z`, giving TL's tensor in TL's layout), `fwd_hooks` / `bwd_hooks` whose functions take
 `(tensor, hook)` with `hook.name` and `hook.layer()`, `names_filter`, `add_hook` / `reset_hooks` and
 `reset_hooks_end`. A predicate given TL's way (in `fwd_hooks`, `names_filter`, `add_hook`) is asked about TL's
@@ -19,38 +19,18 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from ..lens.api import LensHook
+from ..lens.forks import Fork, fork_run, lens_names
+from ..lens.names import NormStatistic, Resolved, layer_of
+from ..parts.hook_point import HookPoint
 from .activation_cache import ActivationCache, glob
-from .hook_point import HookPoint
-from .lens_forks import Fork, fork_run
-from .lens_names import NormStatistic, Resolved, layer_of, lens_names
 
 HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 Target = tuple[str, Callable]  # (our hook point, fn(tensor, point name) -> replacement or None)
 
 # TransformerLens' switches (model.set_use_attn_result(True), ...) of the opt-in hook points they turn on for TL's
-# filters: TL name ending -> switch. (The switched-on copies of the stream, scratch_models.lens_forks, name theirs.)
+# filters: TL name ending -> switch. (The switched-on copies of the stream, scratch_models.lens.forks, name theirs.)
 OPT_IN_SWITCHES = {"attn.hook_result": "use_attn_result"}
-
-
-class LensHook:
-    """What a TransformerLens-style hook function gets as `hook`: the name it was attached by (`hook.name`, so
-    `clean_cache[hook.name]` finds the clean tensor), `hook.layer()`, a `ctx` dict kept for the hook's life, and
-    TL's HookPoint methods `add_hook` / `remove_hooks` (`model.blocks[3].attn.hook_z.add_hook(fn)`)."""
-
-    def __init__(self, model: "HookedModel", name: str):
-        self.model, self.name, self.ctx = model, name, {}
-
-    def layer(self) -> int:
-        return layer_of(self.name)
-
-    def add_hook(self, hook, dir: str = "fwd", is_permanent: bool = False) -> None:
-        self.model.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent)
-
-    def remove_hooks(self, dir: str = "both", including_permanent: bool = False) -> None:
-        self.model.reset_hooks(including_permanent=including_permanent, names=[self.name], dir=dir)
-
-    def __repr__(self) -> str:
-        return f"LensHook({self.name!r})"
 
 
 class HookedModel(nn.Module):
@@ -90,7 +70,7 @@ class HookedModel(nn.Module):
         return {name: point.dims for name, point in self.hook_points().items()}
 
     def lens_names(self) -> dict[str, Resolved]:
-        """TransformerLens' hook name -> what it is in this model (scratch_models.lens_names), in forward order;
+        """TransformerLens' hook name -> what it is in this model (scratch_models.lens.names), in forward order;
         then those of modules spliced into hook points (a dictionary's `blocks.8.hook_resid_pre.hook_sae_acts_post`)."""
         structure = (len(getattr(self, "layers", ())), self.__dict__.get("_splices", 0))
         known = self.__dict__.get("_lens_names")
@@ -365,7 +345,7 @@ def _target(model, name: str, fn, lens: bool, backward: bool, points, names, bat
 
 
 def _fork_targets(model, resolved: Resolved, fn, hook, backward: bool, names: dict) -> list[Target]:
-    """`fn` on TransformerLens' copy of a stream (scratch_models.lens_forks): at the stream's hook point the copy
+    """`fn` on TransformerLens' copy of a stream (scratch_models.lens.forks): at the stream's hook point the copy
     is made and shown to `fn` (its gradient, for a backward hook); at each target's hook point, the target is
     recomputed from the copy when that is needed."""
     fork = resolved.entry

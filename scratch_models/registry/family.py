@@ -2,7 +2,7 @@
 
 Everything above the models (the activation cache's residual-stream helpers, the lens, patching, the command line,
 the parity report, the tests) reads these declarations instead of testing a model's class or probing its hook names.
-A family is a package `scratch_models/<name>/` whose `FAMILY` is listed in `scratch_models/families.py`.
+A family is a package `scratch_models/<name>/` whose `FAMILY` is listed in `scratch_models/registry/families.py`.
 """
 
 import dataclasses
@@ -13,7 +13,8 @@ from torch import nn
 
 from weight_mapping import ConfigError, MappingTable
 
-from .lens_names import LensTable
+from ..lens.names import LensTable
+from .known import refuse_unbuilt
 
 
 class ResidualStream:
@@ -159,7 +160,7 @@ class Family:
     default_pairs: tuple[str, ...] = ()  # second segments of default_texts, for a family with token types
     # our class name -> what the command line's heads and patch commands measure on its output (see targets.py):
     # "next" (the next token's logit), "mlm" (a masked token), "class" (a class logit), "pooler"; None: each class's
-    # own `target` (the decoders' shared heads declare theirs: decoder.py, decoder_heads.py)
+    # own `target` (the decoders' shared heads declare theirs: decoder.py, decoding/task_heads.py)
     targets: dict[str, str] | None = None
     # a small odd config of the family (2 layers, a few heads of 16, 3 or, with grouped key/value heads, 4 over 2;
     # an MLP width of 37, a vocabulary of 37 whose last id is the end of text where the family has one): the tests
@@ -175,7 +176,7 @@ class Family:
     # "tokens" (a label per token), "span" (a question's answer in a context), "next_sentence" (BERT's NSP); None:
     # each class's own `classify_as`, as targets
     classifiers: dict | None = None
-    # TransformerLens' names for the family's tensors, weights and config (scratch_models.lens_names.LensTable, in
+    # TransformerLens' names for the family's tensors, weights and config (scratch_models.lens.names.LensTable, in
     # the family's transformer_lens.py); None: TL's names are refused, saying the family declares none
     transformer_lens: LensTable | None = None
     # the config field of a sliding attention window (Gemma 2's sliding_window), where layers have one: a query whose
@@ -237,9 +238,7 @@ class Family:
         """The checkpoint's config.json as the family's config. A config without model_type whose `architectures`
         name only classes of other architectures (a RobertaModel's, say, whose weights have BERT's names) is
         refused, naming them: it would load, and compute something else. So is a model no family builds
-        (families.refuse_unbuilt: quantized, a mixture of experts, multimodal), saying what it is."""
-        from .families import refuse_unbuilt  # the registry imports this module
-
+        (known.refuse_unbuilt: quantized, a mixture of experts, multimodal), saying what it is."""
         raw = checkpoint.config_json
         refuse_unbuilt(raw, checkpoint.config_path)  # a quantized checkpoint, a mixture of experts, ...: said so
         named = architectures(raw)

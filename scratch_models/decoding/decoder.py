@@ -20,13 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .parts.attention import Mask, causal_mask, nothing_padded, soft_cap
-from .generation import GenerationMixin, KVCache
-from .hook_point import HookPoint
-from .inputs import check_ids, check_mask
-from .tracing import is_tracing
-from .outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from .pretrained import PretrainedModel
+from ..parts.attention import Mask, causal_mask, nothing_padded, soft_cap
+from ..parts.hook_point import HookPoint
+from ..parts.inputs import check_ids, check_mask
+from ..parts.kv_cache import KVCache
+from ..parts.outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from ..parts.tracing import is_tracing
+from ..registry.pretrained import PretrainedModel
+from .generation import GenerationMixin
 
 
 @dataclasses.dataclass(frozen=True)

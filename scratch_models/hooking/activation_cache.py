@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from .parts.attention import head_results
-from .lens_names import get_act_name
+from ..lens.names import get_act_name
+from ..parts.attention import head_results
 
 # where a pos_slice is applied: None (all), an index (the axis goes), a slice, or a list / tensor of indices
 PosSlice = int | slice | Sequence[int] | torch.Tensor | None
@@ -127,8 +127,8 @@ class ActivationCache(Mapping):
 
     def _lens_keys(self) -> list[str] | None:
         """The keys in TransformerLens' names, for a model loaded with transformer_lens=True (None otherwise):
-        each TL name whose tensor the cache holds, as TL would have called it (scratch_models.hooks), those a
-        names_filter picked if one did, in forward order, then the gradients."""
+        each TL name whose tensor the cache holds, as TL would have called it (scratch_models.hooking.hooked_model),
+        those a names_filter picked if one did, in forward order, then the gradients."""
         if not getattr(self.model, "transformer_lens", False):
             return None
         points, names = self.model.hook_points(), self.model.lens_names()
@@ -459,11 +459,11 @@ class ActivationCache(Mapping):
     # ---- plumbing -------------------------------------------------------------------------------------------------
 
     def _stream(self):
-        """The residual-stream layout the model's family declares (scratch_models.family.ResidualStream)."""
+        """The residual-stream layout the model's family declares (scratch_models.registry.family.ResidualStream)."""
         family = getattr(self.model, "family", None)
         if family is None:
             raise TypeError(f"the residual-stream helpers read a model family's declaration, and "
-                            f"{type(self.model).__name__} belongs to no family of scratch_models.families")
+                            f"{type(self.model).__name__} belongs to no family of scratch_models.registry.families")
         return family.stream(self.model)
 
     def _layer(self, layer: int | None) -> int:

@@ -192,7 +192,7 @@ def require_probability(config, source: str, *names: str) -> None:
 
 def require_activation(config, source: str, field: str) -> None:
     """The activation function `field` names is one the models implement (parts/activations.py)."""
-    from .parts.activations import get_activation  # parts build on configs
+    from .activations import get_activation  # parts build on configs
 
     try:
         get_activation(getattr(config, field), field)

@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from .generation import KVCache
+from .kv_cache import KVCache
 
 
 @dataclasses.dataclass

@@ -310,7 +310,7 @@ class Resolved:
 
     def show(self, x: torch.Tensor, model, batch: int | None) -> torch.Tensor:
         """Our `source` tensor as TL's."""
-        if hasattr(self.entry, "shown"):  # a copy made another way (scratch_models.lens_forks)
+        if hasattr(self.entry, "shown"):  # a copy made another way (scratch_models.lens.forks)
             return self.entry.shown(x, model, self.layer)
         return self.entry.layout.show(x, batch)
 
@@ -325,9 +325,10 @@ class Resolved:
         raise KeyError(self.cached_from)
 
 
-def lens_names(model) -> dict[str, Resolved]:
-    """Every TL hook name of `model` (its family's table, each layer's) -> Resolved, in forward order (that of the
-    hook points they read, then the layer's, then the table's). Empty for a family that declares no table."""
+def table_names(model) -> dict[str, Resolved]:
+    """The TL hook names of `model`'s family table, each layer's -> Resolved, in the table's order (lens/forks.py's
+    lens_names adds TL's switched-on copies of the stream and puts them all in forward order). Empty for a family
+    that declares no table."""
     family = getattr(model, "family", None)
     table = getattr(family, "transformer_lens", None)
     if table is None:
@@ -347,10 +348,12 @@ def lens_names(model) -> dict[str, Resolved]:
                     found = Missing(f"it is our {source}, which {type(model).__name__} has not")
                     source = read = None
             resolved[name] = Resolved(name, found, source, layer, source is not None and points[source].opt_in, read)
-    from .lens_forks import forks  # TL's switched-on copies of the stream (set_use_split_qkv_input, ...)
+    return resolved
 
-    resolved |= forks(model, stream, resolved)
-    order = {name: i for i, name in enumerate(points)}
+
+def in_forward_order(model, resolved: dict[str, Resolved]) -> dict[str, Resolved]:
+    """`resolved` in forward order: that of the hook points they read, then the layer's, then as given."""
+    order = {name: i for i, name in enumerate(model.hook_points())}
     # a stream between layers is read by two: layer l's resid_post before layer l + 1's resid_pre
     return dict(sorted(resolved.items(), key=lambda item: (order.get(item[1].source, len(order)),
                                                             len(order) if item[1].layer is None else item[1].layer)))

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from .parts.attention import is_masked, repeat_kv
+from ..parts.attention import is_masked, repeat_kv
 
 ATTENTION_HOOKS = ("q", "k", "scores", "probs")  # what the pictures need from each layer's attention
 _MASKED_BELOW = -1e30  # a score at or below this is a mask value, not a score a model computed

@@ -19,10 +19,10 @@ import warnings
 import torch
 from torch import nn
 
-from .generation import KVCache
-from .hook_point import HookPoint
-from .losses import check_classification_labels, classification_loss, cross_entropy, span_loss
-from .outputs import QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast, TokenClassifierOutput
+from ..parts.hook_point import HookPoint
+from ..parts.kv_cache import KVCache
+from ..parts.losses import check_classification_labels, classification_loss, cross_entropy, span_loss
+from ..parts.outputs import QuestionAnsweringModelOutput, SequenceClassifierOutputWithPast, TokenClassifierOutput
 
 
 class SequenceClassification:

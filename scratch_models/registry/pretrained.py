@@ -10,23 +10,23 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from .dictionaries.splice import DictionaryMixin
-from .generation import GenerationConfig, GenerationMixin
-from .hooks import HookedModel
-from .inputs import check_tokens, check_values
-from .lens_compat import TransformerLensMixin
+from weight_mapping import as_dtype
+
+from ..dictionaries.splice import DictionaryMixin
+from ..hooking.hooked_model import HookedModel
+from ..lens.api import TransformerLensMixin
+from ..parts.inputs import check_tokens, check_values
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("scratch_models")
 
-# float64 computes exactly what transformers does in float64 (a reference for reduced-precision runs)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
     config_class = None  # the model family's config dataclass
     mapping_table = None  # the family's weight_mapping table
-    family = None  # the family's declaration (scratch_models.family.Family), set when the family declares itself
+    # the family's declaration (scratch_models.registry.family.Family), set when the family declares itself
+    family = None
     # inputs are [batch, choices, seq]: one sequence per (example, choice)
     multiple_choice = False
     # a classifier that reads each row's last token that is not padding: batches of several rows need pad_token_id
@@ -83,7 +83,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         `dtype`: cast floating-point weights while reading (default: as stored). `device`: where the weights go.
         `transformer_lens`: calls default to TransformerLens' conventions (a model with a head returns its logits,
         text gets a BOS token in front where TL's TransformerBridge gives the family one, and caches answer in TL's
-        names), so TL code runs with only its loading line changed; see scratch_models/lens_compat.py.
+        names), so TL code runs with only its loading line changed; see scratch_models/lens/api.py.
         `model_kwargs` go to the constructor; unset ones may be chosen to fit the checkpoint (see
         `kwargs_for_checkpoint`). Raises CheckpointError / ConfigError naming the culprit; no partly loaded
         model is ever returned. The model comes back in eval mode; `model.loading_info` tells what was loaded
@@ -128,12 +128,15 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use, and generate's defaults
         model.tokenizer = Tokenizer(checkpoint, token_type_ids=cls.family.pairs)
-        if isinstance(model, GenerationMixin):
-            model.generation_config = GenerationConfig.of_checkpoint(checkpoint, config)
+        model.read_checkpoint_settings(checkpoint, config)
         if transformer_lens:
             model.use_transformer_lens()
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, checkpoint.source, info.summary())
         return model.eval()
+
+    def read_checkpoint_settings(self, checkpoint, config) -> None:
+        """Read what a checkpoint keeps beside its weights for the layers that use it (a causal LM's generate
+        defaults: scratch_models/decoding/generation.py); the base model keeps nothing more."""
 
     def save_pretrained(self, directory, *, legacy: bool = False, dtype: torch.dtype | str | None = None
                         ) -> list[Path]:
@@ -177,7 +180,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         """[b, s] token ids of a text or texts (sentence pairs with `pair`), on the model's device unless not
         `move_to_device`, with the special tokens the checkpoint's tokenizer adds ([CLS] ... [SEP] for BERT; none
         for GPT-2), BOS first or not as `prepend_bos` says (None: `model.default_prepend_bos`; see
-        scratch_models.tokenizer). Texts of different lengths are padded on `padding_side` (default the
+        scratch_models.registry.tokenizer). Texts of different lengths are padded on `padding_side` (default the
         tokenizer's, "right"), as TransformerLens pads them: the ids alone do not say where the padding is, so a
         forward pass over them should get the attention mask `model.tokenizer(texts)` returns."""
         batch = self._tokenizer()(text, pair, prepend_bos=self._prepend_bos(prepend_bos), padding_side=padding_side,
@@ -243,17 +246,3 @@ class _SkipInit(TorchFunctionMode):
         if func in self.INITIALISERS:
             return args[0] if args else kwargs["tensor"]
         return func(*args, **(kwargs or {}))
-
-
-def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """`dtype`, a name or a torch.dtype, as one of the torch.dtypes our models compute in (None stays None).
-
-    Raises ValueError for any other (float8, integer, complex: they would load, then fail at the first forward).
-    """
-    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    not_float = isinstance(dtype, torch.dtype) and not dtype.is_floating_point
-    raise ValueError(f"dtype {dtype!r} is {'not a floating-point type' if not_float else 'not supported'}; "
-                     f"use one of {', '.join(DTYPES)}")
