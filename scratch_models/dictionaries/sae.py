@@ -24,6 +24,7 @@ The last two scale each input by its own statistics, so decoding needs them: `de
 `normalize` returned (the splice and `forward` pass it; SAELens keeps it on the module between the two calls).
 """
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from weight_mapping import as_dtype
 
 from .config import DictionaryError, Metadata, SAEConfig
 from .loading import check_tensors, read, save
+from .releases import is_release, published
 
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
 _LAYER_NORM_EPS = 1e-5  # SAELens' run_time_activation_ln_in default
@@ -68,10 +70,11 @@ class SAE(nn.Module):
             cls.extra_parameters
 
     @classmethod
-    def from_pretrained(cls, name_or_path, sae_id: str | None = None, **options) -> "SAE":
+    def from_pretrained(cls, name_or_path=None, sae_id: str | None = None, **options) -> "SAE":
         """Load a dictionary as published: SAELens' cfg.json + sae_weights.safetensors, Gemma Scope's params.npz,
-        EleutherAI sparsify's cfg.json + sae.safetensors; from a local directory or file, or a hub id with the
-        folder `sae_id` inside it. See scratch_models/dictionaries/loading.py for `options`."""
+        EleutherAI sparsify's cfg.json + sae.safetensors; from a local directory or file, a hub id with the folder
+        `sae_id` inside it, or SAELens' name for it (`release="gpt2-small-res-jb", sae_id="blocks.8.hook_resid_pre"`,
+        or the release first as SAELens' positional call). See `load` for `options`."""
         return load(name_or_path, sae_id, **options)
 
     def save_pretrained(self, directory) -> list:
@@ -219,15 +222,33 @@ def build(cfg: SAEConfig, **kwargs) -> SAE:
 # ---- loading: the files' config and tensors (loading.py) made an SAE ----------------------------------------------
 
 
-def load(name_or_path, sae_id: str | None = None, *, hook_name: str | None = None, dtype=None, device=None,
-         norm_scaling_factor: float | None = None) -> SAE:
+def load(name_or_path=None, sae_id: str | None = None, *, release: str | None = None, hook_name: str | None = None,
+         dtype=None, device=None, norm_scaling_factor: float | None = None) -> SAE:
     """The dictionary at `name_or_path` (a directory, one of its weight files, or a hub id whose folder `sae_id`
-    holds it). `hook_name`: where it reads, for files that do not say (Gemma Scope's) or to override them.
-    `dtype`: cast its tensors (default: cfg.json's dtype, else as stored). `norm_scaling_factor`: the constant a
-    dictionary with normalize_activations "expected_average_only_in" multiplies its input by; SAELens takes it from
-    its release registry (pretrained_saes.yaml), never from the files, so here it must be given (1.0 if already
-    folded in)."""
-    cfg, tensors, weights, source = read(name_or_path, sae_id, hook_name=hook_name)
+    holds it), or SAELens' published dictionary `sae_id` of `release` (releases.py; `name_or_path` may name the
+    release too, as SAELens' positional call does). `hook_name`: where it reads, for files that do not say (Gemma
+    Scope's) or to override them. `dtype`: cast its tensors (default: cfg.json's dtype, else as stored).
+    `norm_scaling_factor`: the constant a dictionary with normalize_activations "expected_average_only_in"
+    multiplies its input by; SAELens takes it from its release directory, never from the files, so here it comes
+    from the release, or must be given (1.0 if already folded in)."""
+    if release is not None and name_or_path is not None:
+        raise DictionaryError(f"give release= ({release!r}) or a path / hub id ({name_or_path!r}), not both")
+    name = release if release is not None else name_or_path
+    if name is None:
+        raise DictionaryError("no dictionary named: give a directory, a file, a hub id, or release= and sae_id=")
+    found = None
+    if release is not None or is_release(name) or _bare_name(name):
+        found = published(name, sae_id)
+        name, sae_id = found.repo_id, found.path
+        hook_name = hook_name or found.overrides.get("hook_name")
+        norm_scaling_factor = found.norm_scaling_factor if norm_scaling_factor is None else norm_scaling_factor
+    cfg, tensors, weights, source = read(name, sae_id, hook_name=hook_name)
+    if found is not None:
+        cfg.normalize_activations = found.overrides.get("normalize_activations", cfg.normalize_activations)
+        cfg.metadata.update(release=found.release, sae_id=found.sae_id, model_name=cfg.metadata.model_name or
+                            found.model)
+        if found.model_from_pretrained_kwargs:
+            cfg.metadata["model_from_pretrained_kwargs"] = found.model_from_pretrained_kwargs
     torch_dtype = _dtype(dtype, cfg, source)
     sae = build(cfg, device="meta", dtype=torch_dtype)
     state = check_tensors(tensors, sae.parameter_shapes(), cfg, weights)
@@ -239,6 +260,11 @@ def load(name_or_path, sae_id: str | None = None, *, hook_name: str | None = Non
         raise DictionaryError(f"{source}: norm_scaling_factor is for a dictionary with normalize_activations "
                               f"'expected_average_only_in'; this one has {cfg.normalize_activations!r}")
     return sae.eval()
+
+
+def _bare_name(name) -> bool:
+    """A name that is no existing path and no owner/name hub id: only a release can be meant."""
+    return isinstance(name, str) and "/" not in name and not Path(name).expanduser().exists()
 
 
 def _dtype(dtype, cfg: SAEConfig, source: str) -> torch.dtype:

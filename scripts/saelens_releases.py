@@ -1,0 +1,60 @@
+"""Write scratch_models/dictionaries/saelens_releases.json from SAELens' directory of published dictionaries.
+
+SAELens names its published dictionaries by release and id (`SAE.from_pretrained(release="gpt2-small-res-jb",
+sae_id="blocks.8.hook_resid_pre")`); its pretrained_saes.yaml maps each release to a hub repository, each id to a
+folder in it, and says which loader reads the files (conversion_func). This keeps those facts, compactly: for the
+formats scratch_models reads (SAELens' own, Gemma Scope's params.npz) every id's folder and the settings the
+files lack (norm_scaling_factor, config overrides); for the others only the format, so a refusal can name it.
+
+    pip download --no-deps sae-lens -d /tmp/sae-lens && python scripts/saelens_releases.py /tmp/sae-lens/sae_lens-*.whl
+"""
+
+import argparse
+import json
+import zipfile
+from pathlib import Path
+
+import yaml
+
+OUT = Path(__file__).resolve().parents[1] / "scratch_models" / "dictionaries" / "saelens_releases.json"
+# conversion_func -> our name for the files' format; a release of any other is refused by name
+READ = {None: "saelens", "gemma_2": "gemma_scope"}
+# config_overrides that change what the dictionary computes or where it reads; the rest (dataset_path, ...) describe
+# its training
+OVERRIDES = ("normalize_activations", "hook_name")
+
+
+def compact(directory: dict, version: str) -> dict:
+    releases = {}
+    for name, release in sorted(directory.items()):
+        entry = {"repo_id": release["repo_id"], "model": release["model"]}
+        fmt = release.get("conversion_func")
+        if fmt not in READ:
+            releases[name] = entry | {"format": fmt}
+            continue
+        overrides = release.get("config_overrides") or {}
+        entry |= {"format": READ[fmt]}
+        entry |= {key: overrides[key] for key in OVERRIDES if key in overrides}
+        model_kwargs = overrides.get("model_from_pretrained_kwargs")
+        if model_kwargs:  # how SAELens' users load the model it was trained on (TL's center_writing_weights, ...)
+            entry["model_from_pretrained_kwargs"] = model_kwargs
+        entry["saes"] = {sae["id"]: (sae["path"] if "norm_scaling_factor" not in sae else
+                                     {"path": sae["path"], "norm_scaling_factor": sae["norm_scaling_factor"]})
+                         for sae in release["saes"]}
+        releases[name] = entry
+    return {"source": f"sae-lens {version}, sae_lens/pretrained_saes.yaml", "releases": releases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("wheel", type=Path, help="a sae-lens wheel (pip download --no-deps sae-lens)")
+    args = parser.parse_args()
+    version = args.wheel.name.split("-")[1]
+    with zipfile.ZipFile(args.wheel) as wheel:
+        directory = yaml.safe_load(wheel.read("sae_lens/pretrained_saes.yaml"))
+    OUT.write_text(json.dumps(compact(directory, version), indent=0, separators=(",", ":")) + "\n", encoding="utf-8")
+    print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes, {len(directory)} releases)")
+
+
+if __name__ == "__main__":
+    main()
