@@ -36,7 +36,8 @@ from torch import nn
 from ..lens.names import get_act_name
 from ..parts.attention import head_results
 
-# where a pos_slice is applied: None (all), an index (the axis goes), a slice, or a list / tensor of indices
+# where a pos_slice is applied: None (all), an index (the axis goes), a slice (or a tuple, TL's way), a list /
+# tensor of indices, or TL's Slice
 PosSlice = int | slice | Sequence[int] | torch.Tensor | None
 
 
@@ -404,6 +405,17 @@ class ActivationCache(Mapping):
             raise ValueError(f"{what} holds ids outside the vocabulary 0..{matrix.shape[0] - 1}")
         return matrix[ids.long()]
 
+    def to(self, device, move_model: bool = False) -> "ActivationCache":
+        """Move every cached tensor (and the run's input_ids and attention_mask) to `device`, in place; returns the
+        cache, as TransformerLens' ActivationCache.to does. The helpers that read weights (apply_ln, the
+        decompositions) need the model there too: `move_model=True` moves it with the cache."""
+        self._tensors = {name: tensor.to(device) for name, tensor in self._tensors.items()}
+        self.input_ids, self.attention_mask = (None if t is None else t.to(device)
+                                               for t in (self.input_ids, self.attention_mask))
+        if move_model:
+            self.model.to(device)
+        return self
+
     # ---- rows and padding -----------------------------------------------------------------------------------------
 
     def remove_batch_dim(self, row: int | None = None, trim_padding: bool = False) -> "ActivationCache":
@@ -502,7 +514,12 @@ def glob(pattern: str) -> re.Pattern:
 
 
 def _pos(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Tensor:
-    """`tensor` at the positions `pos_slice` picks on axis `dim`."""
+    """`tensor` at the positions `pos_slice` picks on axis `dim`. A tuple is a slice, as TransformerLens reads one
+    ((k,) is :k, (m, k) is m:k), and TL's own Slice object is applied as TL applies it."""
+    if hasattr(pos_slice, "apply") and hasattr(pos_slice, "slice"):  # TL's Slice: its int, slice or positions
+        return pos_slice.apply(tensor, dim=dim)
+    if isinstance(pos_slice, tuple):
+        pos_slice = slice(*pos_slice)
     if pos_slice is None:
         return tensor
     if isinstance(pos_slice, int):

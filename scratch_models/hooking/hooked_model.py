@@ -134,7 +134,8 @@ class HookedModel(nn.Module):
         during a later backward pass; `reset_hooks_end` removes the hooks `add_hook` attached, at the end."""
         args, kwargs = self.call_inputs(args, kwargs)
         batch = self.batch_size(args, kwargs)
-        targets = [*self._targets(hooks, lens=False, batch=batch), *self._targets(fwd_hooks, lens=True, batch=batch),
+        targets = [*start, *self._targets(hooks, lens=False, batch=batch),
+                   *self._targets(fwd_hooks, lens=True, batch=batch),
                    *self._targets(bwd_hooks, lens=True, backward=True, batch=batch)]
         try:
             with self._attached(targets):
@@ -172,8 +173,15 @@ class HookedModel(nn.Module):
         if incl_bwd and torch.is_inference_mode_enabled():
             raise ValueError("incl_bwd=True cannot run inside torch.inference_mode(), which switches autograd off "
                              "for good; torch.no_grad() is fine")
+        start = []  # TL's start_at_layer: the given residual put in at block k's input, nothing before it cached
+        if "start_at_layer" in kwargs:
+            args, kwargs, target = self.start_inputs(args, kwargs)
+            start = [target]
         args, kwargs = self.call_inputs(args, kwargs)
         wanted = names_to_cache(self, names, names_filter)
+        if start:
+            order = {name: i for i, name in enumerate(self.hook_points())}
+            wanted = [name for name in wanted if order.get(name, len(order)) >= order[start[0][0]]]
         cache: dict[str, torch.Tensor] = {}
         live: dict[str, torch.Tensor] = {}  # with incl_bwd: the tensors the forward pass went on with
 
@@ -188,7 +196,8 @@ class HookedModel(nn.Module):
 
         # the user's hooks first, so the cache holds the tensors they edited
         batch = self.batch_size(args, kwargs)
-        targets = [*self._targets(hooks, lens=False, batch=batch), *self._targets(fwd_hooks, lens=True, batch=batch),
+        targets = [*start, *self._targets(hooks, lens=False, batch=batch),
+                   *self._targets(fwd_hooks, lens=True, batch=batch),
                    *self._targets(bwd_hooks, lens=True, backward=True, batch=batch),
                    *((name, store) for name in wanted)]
         try:

@@ -209,6 +209,10 @@ class TransformerLensMixin:
     # ---- calls ----------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
+        if "start_at_layer" in kwargs:
+            args, kwargs, start = self.start_inputs(args, kwargs)
+            with self._attached([start]):
+                return self(*args, **kwargs)
         if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs):
             # hooks added TL's way may show a tensor with a row per sequence where ours holds one for all
             self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_added_hooks") else None
@@ -235,6 +239,41 @@ class TransformerLensMixin:
             return self._predictions(logits, arguments["input_ids"])
         loss = self.loss_fn(logits, arguments["input_ids"], arguments.get("attention_mask"), per_token=per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    def start_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        """TL's start_at_layer=k: the input is the residual stream block k reads [b, s, h] (negative k: counted
+        from the end; the number of layers: the stream the final norm reads), and the run goes on from there.
+        Returns the call's arguments with token ids in place of the residual (`tokens=`, else zeros: the blocks
+        before k run on them, as on TL's bridge, and their output is replaced) and the hook that puts the residual
+        in at block k's input. A loss needs `tokens=`, its targets."""
+        kwargs = dict(kwargs)
+        layer = kwargs.pop("start_at_layer")
+        stream = self.family.stream(self)
+        n = stream.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer <= n:
+            raise ValueError(f"start_at_layer must be an int in -{n}..{n}, got {layer!r}")
+        if "input" in kwargs:
+            args = (kwargs.pop("input"), *args)
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3 or \
+                not args[0].is_floating_point() or args[0].shape[-1] != self.cfg.d_model:
+            given = f"shape {list(args[0].shape)}, {args[0].dtype}" if args and isinstance(args[0], torch.Tensor) \
+                else type(args[0]).__name__ if args else "nothing"
+            raise ValueError(f"with start_at_layer the input is the residual stream [batch, pos, d_model="
+                             f"{self.cfg.d_model}] in floating point; got {given}")
+        residual, *rest = args
+        tokens = kwargs.pop("tokens", None)
+        if tokens is None and kwargs.get("return_type", self.default_return_type) in ("loss", "both"):
+            raise ValueError("start_at_layer with a loss needs tokens= (the loss's targets), as in TransformerLens")
+        if tokens is not None and tuple(tokens.shape) != tuple(residual.shape[:2]):
+            raise ValueError(f"tokens {list(tokens.shape)} do not match the residual's [batch, pos] "
+                             f"{list(residual.shape[:2])}")
+        ids = tokens if tokens is not None else torch.zeros(residual.shape[:2], dtype=torch.long,
+                                                            device=residual.device)
+
+        def start(x, _):
+            return residual.to(dtype=x.dtype, device=x.device)
+
+        return (ids, *rest), kwargs, (stream.resid_pre(layer % n if layer < 0 else layer), start)
 
     def _stopped(self, layer: int, args: tuple, kwargs: dict) -> torch.Tensor:
         """TL's stop_at_layer: the forward pass run until the residual stream block `layer` reads (negative:
