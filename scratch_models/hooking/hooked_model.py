@@ -134,8 +134,7 @@ class HookedModel(nn.Module):
         during a later backward pass; `reset_hooks_end` removes the hooks `add_hook` attached, at the end."""
         args, kwargs = self.call_inputs(args, kwargs)
         batch = self.batch_size(args, kwargs)
-        targets = [*start, *self._targets(hooks, lens=False, batch=batch),
-                   *self._targets(fwd_hooks, lens=True, batch=batch),
+        targets = [*self._targets(hooks, lens=False, batch=batch), *self._targets(fwd_hooks, lens=True, batch=batch),
                    *self._targets(bwd_hooks, lens=True, backward=True, batch=batch)]
         try:
             with self._attached(targets):

@@ -9,6 +9,8 @@ and the family's default texts, and the config's vocabulary and special token id
 """
 
 import json
+import os
+import shutil
 import string
 from pathlib import Path
 
@@ -70,6 +72,27 @@ def tiny(family_name: str, destination, *, class_name: str | None = None, seed: 
                       f"{sum(p.numel() for p in model.parameters())} parameters",
                       *(f"  wrote {destination / name}" for name in names),
                       f"  try: scratch-models verify {destination}"])
+
+
+def stand_in(family_name: str, *, class_name: str | None = None) -> Path:
+    """The directory of a small random `family_name` model (its LM class, or `class_name`) with its tokenizer, as
+    `tiny` writes it, kept under the user's cache ($XDG_CACHE_HOME, else ~/.cache: scratch-models/tiny/) and written
+    on first use: what README's examples load offline in place of a hub checkpoint. Its weights are random: the code
+    runs as on the real model, the numbers mean nothing."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scratch-models" / "tiny"
+    directory = root / (family_name if class_name is None else f"{family_name}-{class_name}")
+    if not (directory / "config.json").is_file():
+        # written beside, then renamed in whole: a reader never sees half of one, two writers keep the first
+        scratch = root / f".{directory.name}.{os.getpid()}.partial"
+        shutil.rmtree(scratch, ignore_errors=True)
+        tiny(family_name, scratch, class_name=class_name)
+        try:
+            scratch.rename(directory)
+        except OSError:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if not (directory / "config.json").is_file():
+                raise
+    return directory
 
 
 def _tokenizer(family):
