@@ -18,6 +18,7 @@ from scratch_models.lens.names import Alias, Missing
 from scratch_models.registry.pretrained import PretrainedModel
 from scratch_models.registry.tokenizer import Tokenizer
 
+from .readme import README, readme_markdown
 from .walkthrough import missing_images, walkthrough_markdown
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -180,7 +181,8 @@ def _cell(text: str) -> str:
 def write_docs(check: bool = False) -> list[Path]:
     """Write every generated page; with `check`, write nothing and return the pages that are out of date."""
     pages = {DOCS / "hook_names.md": hook_names_markdown(),
-             DOCS / "walkthrough.md": walkthrough_markdown(images=None if check else DOCS / "images")}
+             DOCS / "walkthrough.md": walkthrough_markdown(images=None if check else DOCS / "images"),
+             README: readme_markdown()}
     stale = [path for path, text in pages.items()
              if not path.is_file() or path.read_text(encoding="utf-8") != text]
     if not check:

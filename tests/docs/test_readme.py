@@ -66,3 +66,20 @@ def test_every_readme_snippet_runs_as_written_offline(tmp_path, model):
     assert done.returncode == 0, done.stderr[-4000:]
     if model != "minilm":  # the stand-in was written where stand_in says, once
         assert (tmp_path / "xdg" / "scratch-models" / "tiny" / model / "config.json").is_file()
+
+
+def test_the_generated_sections_say_what_the_code_says():
+    """The report excerpt is a run of today's verify (its transformers version included), the commands table names
+    every causal family for generate, and the mapping tables are every family's: `python scripts/make_docs.py`
+    rewrites them, and this fails until it has."""
+    import transformers
+
+    from scratch_models.registry.families import FAMILIES
+    from scratch_models_docs.readme import readme_markdown
+
+    text = README.read_text(encoding="utf-8")
+    assert readme_markdown(text) == text, "README.md's generated sections are stale: run python scripts/make_docs.py"
+    assert f"against transformers {transformers.__version__}," in text
+    generate = next(line for line in text.splitlines() if line.startswith("| `generate` |"))
+    assert all(family.title in generate for family in FAMILIES.values() if family.causal)
+    assert all(f"`weight_mapping/{name}.py`" in text for name in FAMILIES)
