@@ -50,6 +50,8 @@ FAMILY = Family(
                      num_key_value_heads=2, head_dim=16, max_position_embeddings=24, sliding_window=5,
                      query_pre_attn_scalar=12, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
                      pad_token_id=0, bos_token_id=2, eos_token_id=36),
+    tokenizer_specials={"bos": "<bos>", "eos": "<eos>", "pad": "<pad>", "unk": "<unk>"},
+    tokenizer_prepends_bos=True,
     summary="""Gemma 2 normalises twice around each sublayer: the attention reads `ln_1` and the MLP `ln_2` (RMSNorms,
 as GPT-2's LayerNorms), and what each adds to the residual stream is its output through a norm of its own:
 `layers.{i}.attn_out` (after `post_attn_norm`) and `layers.{i}.mlp_out` (after `post_mlp_norm`), not `attn.proj` and

@@ -59,6 +59,7 @@ FAMILY = Family(
                      rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
                      tie_word_embeddings=True, bos_token_id=36, eos_token_id=36),
+    tokenizer_specials={"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>"}, tokenizer_prepends_bos=True,  # Llama 3's
     summary=SUMMARY.format(title="Llama", heads=GROUPED, more=""),
     lm_checkpoint="meta-llama/Llama-3.2-1B",
     transformer_lens=transformer_lens.TABLE,

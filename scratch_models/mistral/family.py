@@ -25,6 +25,7 @@ FAMILY = Family(
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=37, num_hidden_layers=2, num_attention_heads=3,
                      num_key_value_heads=1, head_dim=20, max_position_embeddings=24, sliding_window=5,
                      bos_token_id=36, eos_token_id=36),
+    tokenizer_specials={"bos": "<s>", "eos": "</s>", "unk": "<unk>"}, tokenizer_prepends_bos=True,
     summary=SUMMARY.format(title="Mistral", heads=GROUPED, more=WINDOW),
     lm_checkpoint="mistralai/Mistral-7B-v0.1",
     transformer_lens=transformer_lens.TABLE,

@@ -29,6 +29,7 @@ FAMILY = Family(
                      rope_scaling={"rope_type": "linear", "factor": 2.0}, tie_word_embeddings=True,
                      use_sliding_window=True, sliding_window=4, max_window_layers=1, bos_token_id=36,
                      eos_token_id=36),
+    tokenizer_specials={"eos": "<|endoftext|>", "pad": "<|endoftext|>"},  # no BOS; config's bos_token_id is the end
     summary=SUMMARY.format(title="Qwen 2", heads=GROUPED, more=WINDOW),
     lm_checkpoint="Qwen/Qwen2.5-0.5B",
     # TL 4.3's bridge gives Qwen 2 text no BOS by default (its Qwen2 adapter), as it does Qwen 3's

@@ -24,6 +24,7 @@ FAMILY = Family(
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=10, max_position_embeddings=24, rope_theta=1000.0,
                      attention_bias=True, bos_token_id=36, eos_token_id=36),
+    tokenizer_specials={"eos": "<|endoftext|>", "pad": "<|endoftext|>"},  # no BOS; config's bos_token_id is the end
     summary=SUMMARY.format(title="Qwen 3", heads=GROUPED + NORMS, more=""),
     lm_checkpoint="Qwen/Qwen3-0.6B",
     transformer_lens=transformer_lens.TABLE,

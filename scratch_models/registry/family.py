@@ -166,6 +166,12 @@ class Family:
     # an MLP width of 37, a vocabulary of 37 whose last id is the end of text where the family has one): the tests
     # build and vary every family from it, docs read the structure of models built from it
     tiny_config: dict = dataclasses.field(default_factory=dict)
+    # the special tokens of the family's released tokenizers (role -> token: bos, eos, pad, unk) and whether they put
+    # BOS first: `scratch-models tiny` gives its stand-in the same, so generate's end, padding and TransformerLens'
+    # BOS defaults behave on it as on the real checkpoints
+    tokenizer_specials: dict = dataclasses.field(default_factory=lambda: {"bos": "<|endoftext|>",
+                                                                          "eos": "<|endoftext|>"})
+    tokenizer_prepends_bos: bool = False
     summary: str = ""  # how the family's residual stream reads, for docs/hook_names.md
     # hook name ("{i}" for the layer) -> the transformers output field that holds the same tensor (tested)
     output_fields: dict = dataclasses.field(default_factory=dict)

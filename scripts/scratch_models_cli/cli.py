@@ -295,7 +295,7 @@ def _inspect(args) -> int:
 
     result = inspect(_inspected(args.model_and_text), args.model_and_text[-1], pair=args.pair, out=args.out,
                      layer=args.layer, head=args.head, token=args.token, window=args.window, device=args.device)
-    print(f"inspect {result.model}: {len(result.tokens)} tokens: {' '.join(result.tokens)}")
+    print(f"inspect {result.model}: {len(result.tokens)} tokens: {' '.join(map(repr, result.tokens))}")
     for path in result.files:
         print(f"  wrote {path}")
     for path in result.removed:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -107,6 +108,10 @@ class Opened:
         return tokenizer.special_ids["mask"], tokenizer.special_tokens["mask"]
 
 
+# the config.json field that marks a small random stand-in written by `scratch-models tiny` (its value says so)
+STAND_IN = "scratch_models_stand_in"
+
+
 def open_model(source) -> Opened:
     """Open `source` (default: the embedded minilm) once: its files, its family and its config. An `Opened` is
     returned as it is."""
@@ -118,7 +123,10 @@ def open_model(source) -> Opened:
     except NotCached as e:  # no config.json to say the family: the hub id may
         raise e.advised(offline_advice(family_named_by(e.repo_id))) from None
     family = family_of(checkpoint)
-    return Opened(source, checkpoint, family, family.config_of(checkpoint))
+    opened = Opened(source, checkpoint, family, family.config_of(checkpoint))
+    if checkpoint.config_json.get(STAND_IN):  # `scratch-models tiny`'s: said before anything it prints
+        print(f"{source}: {checkpoint.config_json[STAND_IN]}; what it outputs means nothing", file=sys.stderr)
+    return opened
 
 
 def family_named_by(repo_id: str) -> Family | None:

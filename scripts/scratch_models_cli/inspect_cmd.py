@@ -83,7 +83,7 @@ def inspect(model, text: str, *, pair: str | None = None, out: str | os.PathLike
         page.save(staging / "attention.html")
         attention_grid_png(pictured, title=label).save(staging / "attention_grid.png")
         head_png(pictured, layer, head, title=label).save(staging / f"head_L{layer}_H{head}.png")
-        heading = f"{label}\ntokens: {' '.join(tokens)}\n\n"
+        heading = f"{label}\ntokens: {' '.join(map(repr, tokens))}\n\n"
         (staging / "summary.txt").write_text(heading + format_summary(summary) + "\n", encoding="utf-8")
         (staging / "summary.json").write_text(json.dumps(
             {"model": label, "text": text, "pair": pair, "tokens": tokens, "tensors": summary}, indent=1),

@@ -20,11 +20,10 @@ from scratch_models.registry.families import FAMILIES
 from scratch_models.registry.tokenizer import Tokenizer
 from weight_mapping import staged
 
-from .common import check_writable_directory
+from .common import STAND_IN, check_writable_directory
 
 VOCAB_SIZE = 512  # trained up to this many tokens (a byte-level BPE starts from 256)
 POSITIONS = 128  # room for the default texts and a few dozen generated tokens
-END_OF_TEXT = "<|endoftext|>"
 WORDPIECE_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 TEXT = """The cat sat on the warm mat, and the dog slept by the door. Time flies like an arrow; fruit flies like a
 banana. Once upon a time, in a small village by the sea, there lived an old fisherman who told stories to anyone
@@ -51,7 +50,8 @@ def tiny(family_name: str, destination, *, class_name: str | None = None, seed: 
     check_writable_directory("DIR", destination)
 
     backend, special = _tokenizer(family)
-    config_fields = {f"{role}_token_id": i for role, i in special.items()}
+    # a config names an end-of-text bos_token_id where the tokenizer has no BOS (Qwen's)
+    config_fields = {f"{role}_token_id": i for role, i in ({"bos": special.get("eos")} | special).items()}
     changes = {family.base.table_indices["input_ids"]: backend.get_vocab_size(), family.positions_field: POSITIONS}
     changes |= {field: i for field, i in config_fields.items() if field in family.tiny().to_dict()}
     config = family.tiny(**changes)
@@ -59,6 +59,11 @@ def tiny(family_name: str, destination, *, class_name: str | None = None, seed: 
     model = cls(config).eval()
     with staged(destination) as staging:
         files = model.save_pretrained(staging)
+        # said in config.json, which transformers keeps as it is and the commands read, so what runs on it can say
+        # that its numbers mean nothing
+        config_json = json.loads((staging / "config.json").read_text(encoding="utf-8"))
+        config_json[STAND_IN] = f"random weights: a stand-in written by scratch-models tiny (seed {seed})"
+        (staging / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
         backend.save(str(staging / "tokenizer.json"))
         tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": POSITIONS,
                             "clean_up_tokenization_spaces": False,
@@ -105,11 +110,17 @@ def _tokenizer(family):
         backend = Backend(models.BPE())
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[END_OF_TEXT], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        specials = family.tokenizer_specials  # the family's own tokens, as its released tokenizers name them
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=list(dict.fromkeys(specials.values())),
+                                      show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         backend.train_from_iterator(texts, trainer)
-        end = backend.token_to_id(END_OF_TEXT)
-        return backend, {"bos": end, "eos": end, "pad": end}  # padded with end of text, as fine-tuned GPT-2s are
+        special = {role: backend.token_to_id(token) for role, token in specials.items()}
+        special.setdefault("pad", special["eos"])  # padded with the end of text, as fine-tuned GPT-2s are
+        if family.tokenizer_prepends_bos:  # BOS first, as Llama's and Gemma's tokenizers put it
+            bos = specials["bos"]
+            backend.post_processor = processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, special["bos"])])
+        return backend, special
     backend = Backend(models.WordPiece(unk_token=WORDPIECE_SPECIALS["unk"]))
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

@@ -99,7 +99,7 @@ def test_an_empty_pair_of_one_text_is_none_as_in_transformers(tmp_path, capsys):
     """inspect once read an empty --pair as a segment of its own, and then looked for its start ('1 is not in
     list'); transformers reads one text's empty pair as none, and so do the commands."""
     assert main(["inspect", "minilm", "time flies", "--pair", "", "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith("inspect minilm: 4 tokens: [CLS] time flies [SEP]\n")
+    assert capsys.readouterr().out.startswith("inspect minilm: 4 tokens: '[CLS]' 'time' 'flies' '[SEP]'\n")
 
 
 # ------------------------------------------------------------------------------------ mistyped flags and names

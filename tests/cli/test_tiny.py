@@ -121,3 +121,33 @@ def test_an_uncached_hub_id_of_no_known_family_lists_every_familys_tiny_model(mo
     assert "`scratch-models tiny FAMILY DIR` writes a small random model with a tokenizer (FAMILY: " in message
     assert all(name in message for name in FAMILIES)
     assert "`minilm`, the real BERT all-MiniLM-L6-v2 that comes with this package" in message
+
+
+@each_family
+def test_the_stand_ins_tokenizer_follows_its_familys_conventions_and_says_it_is_random(written, family, capsys):
+    """A stand-in's tokenizer names the special tokens of the family's released tokenizers and puts BOS first
+    where they do (Llama's, Mistral's, Gemma's), so text, padding and generate's end read as on the real model;
+    transformers reads it alike. Every command says the weights are random before it prints anything."""
+    import transformers
+
+    from scratch_models.registry.tokenizer import Tokenizer
+    from weight_mapping import open_checkpoint
+
+    declared = FAMILIES[family]
+    ours = Tokenizer(open_checkpoint(written[family]))
+    theirs = transformers.AutoTokenizer.from_pretrained(written[family])
+    ids = ours("The cat sat")["input_ids"][0].tolist()
+    assert ids == theirs("The cat sat")["input_ids"]
+    if declared.causal:
+        for role, token in declared.tokenizer_specials.items():
+            assert getattr(theirs, f"{role}_token") == token, role
+        assert (ids[0] == theirs.bos_token_id) == declared.tokenizer_prepends_bos
+        config = json.loads((written[family] / "config.json").read_text())
+        assert config["eos_token_id"] == theirs.eos_token_id
+        assert config["bos_token_id"] == (theirs.bos_token_id if "bos" in declared.tokenizer_specials
+                                          else theirs.eos_token_id)  # Qwen's config names the end of text
+    capsys.readouterr()
+    assert main(["inspect", str(written[family]), "some text", "--out", str(written[family].parent / "seen")]) == 0
+    out, err = capsys.readouterr()
+    assert "random weights: a stand-in written by scratch-models tiny (seed 0); what it outputs means nothing" in err
+    assert "tokens: '" in out  # each token quoted, so a leading space shows
