@@ -295,7 +295,7 @@ class GenerationMixin:
                     raise ValueError(f"input_ids has {prompt_len} tokens, and {config.source} sets max_length="
                                      f"{config.max_length} (the prompt included): pass max_new_tokens")
             elif defaults is TRANSFORMERS_DEFAULTS:  # transformers' default length stops at the position table
-                limit = getattr(self.config, self.family.positions_field)
+                limit, _ = self.table_size("position_ids")
                 settings["max_new_tokens"] = max(1, min(settings["max_new_tokens"], limit - prompt_len))
         settings["configured_eos"] = given["eos_token_id"] is FROM_CONFIG
         return settings
@@ -320,8 +320,7 @@ class GenerationMixin:
         # padding sits at position 0 (masked anyway). transformers' generate does the same.
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         prompt_end = int(positions[:, -1].max())  # the position of the longest prompt's last token
-        field = self.family.positions_field
-        limit = getattr(config, field)
+        limit, field = self.table_size("position_ids")  # a rotary scaling may reach past the trained length
         if prompt_end >= limit:
             raise ValueError(f"input_ids: the longest prompt has {prompt_end + 1} tokens; this model has "
                              f"{field}={limit}")

@@ -118,7 +118,7 @@ class Plan:
 
     @property
     def limit(self) -> int:
-        return getattr(self.model.config, self.family.positions_field)
+        return self.family.position_limit(self.model.config)[0]
 
     def _check_options(self, family) -> None:
         o = self.options

@@ -295,8 +295,10 @@ def test_float32_report_is_bitwise_on_every_row(tmp_path, family):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope type 'longrope' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": "32"}}, "'yarn' has 'beta_fast', which "
+                                                                                "should be a positive number"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "'longrope' needs 'short_factor'"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}, "rope type 'proportional' is not supported"),
     ({"num_key_value_heads": 5}, "num_attention_heads 32 is not a multiple of num_key_value_heads 5"),
     ({"num_attention_heads": 7, "num_key_value_heads": 7}, "hidden_size 4096 is not divisible by "
                                                            "num_attention_heads 7, and no head_dim is given"),
