@@ -40,6 +40,14 @@ class Sequence:
     def __len__(self):
         return len(self.ids)
 
+    def dropped(self, drop_special: bool | list[int]) -> list[bool]:
+        """Per token, whether a harvest with `drop_special` leaves it out: every special token (True), the tokens of
+        those ids (a list: SAELens' exclude_special_tokens), or none (False)."""
+        if isinstance(drop_special, list):
+            ids = set(drop_special)
+            return [token in ids for token in self.ids]
+        return self.special if drop_special else [False] * len(self.ids)
+
 
 @dataclasses.dataclass
 class Tokenized:

@@ -45,7 +45,8 @@ import torch
 from torch import nn
 
 from ..hook_point import HookPoint
-from ..lens_names import SAME, Alias, Layout, Resolved
+from ..lens_forks import Fork
+from ..lens_names import HEADS, SAME, Alias, Layout, NormStatistic, Resolved
 from .sae import SAE, DictionaryError
 
 logger = logging.getLogger("scratch_models")
@@ -81,10 +82,17 @@ def resolve_hook(model, hook_name: str, source: str = "the dictionary") -> Site:
         if resolved.source is None:
             raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which {type(model).__name__} has "
                                   f"no counterpart for: {resolved.entry.reason}")
-        if not isinstance(resolved.entry, Alias) or resolved.opt_in:
-            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which is our {resolved.source} "
-                                  "here, an opt-in point computed only for a listener: a dictionary splices into a "
-                                  "point every forward pass computes")
+        if isinstance(resolved.entry, Fork):
+            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, a copy of the stream (our "
+                                  f"{resolved.source}) that TL's {resolved.entry.flag} switch makes to feed "
+                                  f"{'the MLP' if resolved.entry.mlp_input else 'the attention'} alone; splicing into "
+                                  "such a copy is not implemented (a dictionary at the stream itself would change "
+                                  "every reader of it)")
+        if not isinstance(resolved.entry, (Alias, NormStatistic)):
+            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which TL computes from other "
+                                  f"tensors here ({type(resolved.entry).__name__}): a dictionary splices into a hook "
+                                  "point of the model")
+        # an opt-in point (a norm's hook_normalized, hook_result) is computed while a dictionary is spliced in
         return Site(resolved.source, resolved.entry.layout, hook_name)
     module = _module_output(model, hook_name)
     if module is not None:
@@ -359,10 +367,10 @@ def _check_width(model, sae: SAE, site: Site) -> tuple[tuple[str, ...], tuple[in
     once per hook point."""
     point = model.hook_points()[site.name]
     dims = list(point.dims)
-    if site.layout is not SAME and len(dims) >= 3:  # TL's heads layout: [.., n, s, d] read as [.., s, n, d]
+    if site.layout is HEADS:  # TL's heads layout: [.., n, s, d] read as [.., s, n, d]
         dims[-3], dims[-2] = dims[-2], dims[-3]
     token = dims.index("s") if "s" in dims else 0
-    if any("p" in axis or axis == "s" for axis in dims[token + 1:]) or (site.layout is SAME and "n" in dims[:token]):
+    if any("p" in axis or axis == "s" for axis in dims[token + 1:]) or (site.layout is not HEADS and "n" in dims[:token]):
         raise DictionaryError(f"{_described(sae)} reads {site.given}: our {site.name} [{', '.join(point.dims)}] has "
                               "no single vector per token to read" + (
                                   "; name TransformerLens' hook (its heads side by side per token)"

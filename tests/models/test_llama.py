@@ -305,7 +305,7 @@ def test_float32_report_is_bitwise_on_every_row(tmp_path, family):
     ({"head_dim": 127}, "head_dim 127 is odd"),
     ({"eos_token_id": [128001, "end"]}, "field 'eos_token_id' lists"),
     ({"eos_token_id": "end"}, "field 'eos_token_id' should be int or list or null"),
-    ({"hidden_act": "relu2"}, "hidden_act='relu2' is not supported"),
+    ({"hidden_act": "xielu"}, "hidden_act='xielu' is not supported"),
     ({"model_type": "mistral"}, "model_type is 'mistral', but LlamaConfig needs 'llama'"),
 ])
 def test_config_refusals_name_the_field(changes, message):

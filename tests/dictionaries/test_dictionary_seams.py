@@ -1,0 +1,119 @@
+"""Dictionaries at the seams (issue 34 item 3): a cache asked for an error term that was not computed, a negative
+d_sae, SAELens' exclude_special_tokens, a hook_pos_embed dictionary, dictionaries at TransformerLens' opt-in points
+(a norm's hook_normalized), and features() reading a point that holds a reconstruction."""
+
+import json
+
+import pytest
+import torch
+
+from dictionary_data import random_sae, tiny_model
+from scratch_models.corpus import iter_activations
+from scratch_models.dictionaries import SAE, DictionaryError
+from scratch_models.dictionaries.features import run_features
+from scratch_models.dictionaries.loading import save
+
+IDS = torch.tensor([[5, 3, 9, 1, 7, 2], [4, 4, 8, 0, 6, 11]])
+
+
+def test_the_error_term_of_a_run_without_one_is_absent_not_an_index_error():
+    model = tiny_model("gpt2")
+    sae = random_sae("standard", 48, hook_name="blocks.0.hook_resid_post")
+    _, cache = model.run_with_cache_with_saes(IDS, saes=[sae], use_error_term=False)
+    assert "blocks.0.hook_resid_post.hook_sae_acts_post" in cache
+    assert "blocks.0.hook_resid_post.hook_sae_error" not in cache
+    with pytest.raises(KeyError, match=r"hook_sae_error \(our layers.0.out.sae.error\) is not cached: the dictionary "
+                                       r"spliced there ran without the error term"):
+        cache["blocks.0.hook_resid_post.hook_sae_error"]
+    _, cache = model.run_with_cache_with_saes(IDS, saes=[sae], use_error_term=True)
+    assert "blocks.0.hook_resid_post.hook_sae_error" in cache
+
+
+def test_a_negative_d_sae_is_refused_naming_the_file_and_field(tmp_path):
+    save(random_sae("standard", 48, 16), tmp_path)
+    raw = json.loads((tmp_path / "cfg.json").read_text())
+    (tmp_path / "cfg.json").write_text(json.dumps(raw | {"d_sae": -16}))
+    with pytest.raises(DictionaryError, match=r"cfg.json: d_sae is -16; it must be a positive integer"):
+        SAE.from_pretrained(tmp_path)
+
+
+def test_a_hook_pos_embed_dictionary_splices_into_the_position_embeddings():
+    """The width check no longer counts the probe's positions into the width (it read [1, s, h] as s x h)."""
+    model = tiny_model("gpt2")
+    sae = random_sae("standard", 48, hook_name="hook_pos_embed")
+    with torch.no_grad():
+        expected = model.run_with_hooks(IDS, hooks=[("embeddings.position", lambda x, _: sae(x))]).logits
+        with model.attached(sae, error_term=False):
+            spliced = model(IDS).logits
+    assert torch.equal(spliced, expected) and not torch.equal(spliced, model(IDS).logits)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("hook, ours", [("blocks.1.ln1.hook_normalized", "layers.1.norm_1.normalized"),
+                                        ("blocks.0.ln2.hook_normalized", "layers.0.norm_2.normalized"),
+                                        ("ln_final.hook_normalized", "norm_f.normalized")])
+def test_a_dictionary_at_a_norms_hook_normalized_switches_the_point_on(family, hook, ours):
+    """TL's opt-in points, where SAELens splices dictionaries: the point is computed while one is attached, and the
+    model computes what a listener replacing the point with the reconstruction computes."""
+    model = tiny_model(family)
+    sae = random_sae("standard", 48, hook_name=hook)
+    with torch.no_grad():
+        expected = model.run_with_hooks(IDS, hooks=[(ours, lambda x, _: sae(x))]).logits
+        plain = model(IDS).logits
+        with model.attached(sae, error_term=False):
+            spliced = model(IDS).logits
+        _, cache = model.run_with_cache_with_saes(IDS, saes=[sae])
+        with model.attached(sae):  # with the error term: the model's output, up to the unfused norm's rounding
+            kept = model(IDS).logits
+    assert torch.equal(spliced, expected) and not torch.allclose(spliced, plain)
+    assert cache[f"{hook}.hook_sae_acts_post"].shape == (2, 6, 96)
+    torch.testing.assert_close(kept, plain, atol=1e-5 * float(plain.abs().max()), rtol=0)
+    assert not model.dictionaries  # taken out again: the point is opt-in as before
+    assert not model.hook_points()[ours].active
+
+
+def test_tl_switched_copies_of_the_stream_are_refused_saying_what_they_are():
+    model = tiny_model("gpt2")
+    with pytest.raises(DictionaryError, match=r"blocks.0.hook_mlp_in, a copy of the stream \(our layers.0.resid_mid\) "
+                                              r"that TL's use_hook_mlp_in switch makes to feed the MLP alone"):
+        model.attach(random_sae("standard", 48, hook_name="blocks.0.hook_mlp_in"))
+
+
+CORPUS = ["The cat sat on the mat.", "It purred.", "Time flies like an arrow."] * 4
+
+
+def test_exclude_special_tokens_is_saelens_name_for_drop_special(tiny_gpt2):
+    """True: every special token, as drop_special; a list of ids: those tokens (here the packed sequences' BOS)."""
+    from scratch_models import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(tiny_gpt2[0])
+    options = dict(context=8, batch_size=2)
+
+    def tokens(**chosen):
+        return torch.cat([r["token_id"] for r in iter_activations(model, CORPUS, ["layers.0.out"], **options, **chosen)])
+
+    every, dropped = tokens(), tokens(drop_special=True)
+    assert torch.equal(tokens(exclude_special_tokens=True), dropped) and len(dropped) < len(every)
+    bos = model.tokenizer.special_ids["bos"]
+    by_id = tokens(exclude_special_tokens=[bos])
+    assert torch.equal(by_id, every[every != bos])
+    common = int(every.mode().values)  # an ordinary token, dropped by id
+    assert torch.equal(tokens(exclude_special_tokens=[common]), every[every != common])
+    with pytest.raises(ValueError, match="must be true, false or a list of token ids"):
+        tokens(exclude_special_tokens=[-1])
+    with pytest.raises(ValueError, match="disagree: give one"):
+        tokens(drop_special=True, exclude_special_tokens=[bos])
+
+
+def test_features_refuse_a_point_holding_a_reconstruction(tiny_gpt2, tmp_path):
+    from scratch_models import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(tiny_gpt2[0])
+    sae = random_sae("standard", 48, 16, hook_name="layers.0.out")
+    model.attach(sae, error_term=False)
+    with pytest.raises(DictionaryError, match=r"attached at layers.0.out without the error term, so that point holds "
+                                              r"its reconstruction"):
+        run_features(model, sae, CORPUS, tmp_path / "out", progress=False, context=8)
+    assert not (tmp_path / "out" / "features.json").exists()
+    model.attach(sae, error_term=True)  # the model's own activations go on: allowed
+    _, summary = run_features(model, sae, CORPUS, tmp_path / "ok", progress=False, context=8, pages=False)
