@@ -224,7 +224,7 @@ class Plan:
             bos = self._special("bos") if o.prepend_bos else None
             return batching.packed(tokens, o.context, bos, separator, self.counts)
         return batching.per_document(tokens, self.limit, self.family.positions_field, self.corpus,
-                                     self.corpus.pair_column is not None, self.counts)
+                                     self.corpus.pair_column is not None, self.counts, self.family.causal)
 
     def rows_of(self, sequence: batching.Sequence) -> int:
         """The rows a sequence stores."""

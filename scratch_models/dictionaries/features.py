@@ -426,11 +426,12 @@ class FeatureReport:
         self._strings: dict[int, str] = {}
 
     def strings(self, ids) -> list[str]:
-        """Each token id as text (the tokenizer's, each id alone; "[id]" without one)."""
+        """Each token id as text (the tokenizer's, each id alone, a piece of a character as its bytes: Tokenizer.
+        shown_tokens; "[id]" without one)."""
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
         missing = sorted({i for i in ids if i not in self._strings})
         if missing:
-            texts = self.tokenizer.str_tokens(missing) if self.tokenizer is not None else [f"[{i}]" for i in missing]
+            texts = self.tokenizer.shown_tokens(missing) if self.tokenizer is not None else [f"[{i}]" for i in missing]
             self._strings.update(zip(missing, texts))
         return [self._strings[i] for i in ids]
 

@@ -111,6 +111,8 @@ def _module_output(model, name: str) -> str | None:
     table = model.family.table
     name = table.normalize(f"{name}.x").removesuffix(".x")  # the prefix and other writers' names, as for keys
     layers = len(getattr(model, "layers", ()))
+    name = next((parent.format(i=i) for child, parent in table.same_output.items() for i in range(layers)
+                 if name == child.format(i=i)), name)
     for row in table.compared(layers, with_heads=True):
         if row.checkpoint == name and row.pick in (None, 0) and row.ours in model.hook_points():
             return row.ours

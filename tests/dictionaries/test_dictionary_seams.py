@@ -117,3 +117,55 @@ def test_features_refuse_a_point_holding_a_reconstruction(tiny_gpt2, tmp_path):
     assert not (tmp_path / "out" / "features.json").exists()
     model.attach(sae, error_term=True)  # the model's own activations go on: allowed
     _, summary = run_features(model, sae, CORPUS, tmp_path / "ok", progress=False, context=8, pages=False)
+
+
+@pytest.mark.parametrize("folder, ours", [("encoder.layer.1.output", "layers.1.out"),
+                                          ("bert.encoder.layer.0.attention.output", "layers.0.attn.out")])
+def test_sparsify_folders_named_by_bert_module_paths_attach_where_that_module_writes(tmp_path, folder, ours):
+    """sparsify names a dictionary's folder by the module it hooked: BertOutput and BertSelfOutput end their parents,
+    so they write the layer's and the attention's output (rows of the BERT mapping table say so)."""
+    from safetensors.torch import save_file
+
+    from scratch_models.families import FAMILIES
+
+    g = torch.Generator().manual_seed(0)
+    directory = tmp_path / folder
+    directory.mkdir()
+    (directory / "cfg.json").write_text(json.dumps({"activation": "topk", "num_latents": 20, "k": 4, "d_in": 48}))
+    save_file({"encoder.weight": torch.randn(20, 48, generator=g), "encoder.bias": torch.randn(20, generator=g),
+               "W_dec": torch.randn(20, 48, generator=g), "b_dec": torch.randn(48, generator=g)},
+              str(directory / "sae.safetensors"))
+    model = tiny_model("bert", FAMILIES["bert"].base)
+    sae = SAE.from_pretrained(directory)
+    assert model.attach(sae) == ours
+    ids = torch.randint(30, (1, 7), generator=g)
+    with torch.no_grad():
+        expected = model.run_with_hooks(input_ids=ids, hooks=[(ours, lambda x, _: sae(x))]).last_hidden_state
+        model.attach(sae, error_term=False)
+        assert torch.equal(model(input_ids=ids).last_hidden_state, expected)
+
+
+def test_feature_pages_show_a_piece_of_a_character_as_its_bytes():
+    """A byte-level BPE splits "€" (e2 82 ac) and an emoji into tokens that decode alone to �; the pages' token
+    strings (Tokenizer.shown_tokens, which features' report uses) show their bytes, whole tokens as they are."""
+    from helpers import byte_level_bpe
+    from scratch_models.tokenizer import Tokenizer
+
+    bpe = byte_level_bpe(["the cat sat"] * 3, 270)  # no merge within € or 🙂: they stay bytes
+    tokenizer = Tokenizer.from_backend(bpe, {"eos": 0}, token_type_ids=False, source="test")
+    ids = bpe.encode("7€ 🙂 the").ids
+    alone = tokenizer.str_tokens(ids)
+    shown = tokenizer.shown_tokens(ids)
+    assert "\ufffd" in "".join(alone) and "\ufffd" not in "".join(shown)
+    for text, token in zip(shown, ids):
+        raw = bytes(b for c in bpe.id_to_token(token) for b in [BYTES[c]])
+        assert text == raw.decode("utf-8", errors="backslashreplace")
+    assert [t for t in shown if "\\x" not in t] == [t for t in alone if "\ufffd" not in t]
+    assert "".join(shown).count("\\x") >= 2
+
+
+# GPT-2's byte-level alphabet, spelled out independently of the library's table: printable Latin-1 bytes are
+# themselves, the others U+0100 onwards in byte order
+_PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+BYTES = {chr(b): b for b in _PRINTABLE} | {chr(256 + n): b for n, b in enumerate(
+    b for b in range(256) if b not in _PRINTABLE)}
