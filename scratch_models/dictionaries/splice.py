@@ -18,9 +18,10 @@ error, which is the model's own tensor, bitwise, while no listener edits the dic
 goes on); with `error_term=False`, the reconstruction. Edit `acts` (ablate, steer, patch a feature) and the edit
 reaches the output through recons, while the error stays that of the unedited input, so an ablated feature is gone
 and nothing else moves. Gradients: the model's own, as if nothing were spliced (the error term carries the
-gradient of everything the dictionary misses), and the features' through the decoder, so attribution reads
-d metric / d acts at `acts`. SAELens computes its error under no_grad instead, so there a gradient of the stream
-below the dictionary flows through the encoder alone.
+gradient of everything the dictionary misses), up to rounding: below the dictionary autograd sums g + gJ - gJ (J
+its Jacobian), which is g within a few float32 rounding errors of |g| + |gJ|, not bitwise; and the features' through
+the decoder, so attribution reads d metric / d acts at `acts`. SAELens computes its error under no_grad instead, so
+there a gradient of the stream below the dictionary flows through the encoder alone.
 
 The hook the dictionary names is read through the model's family: one of our hook names, a TransformerLens name
 of the family's table (`blocks.8.hook_resid_pre` is our `layers.7.out`; `blocks.8.attn.hook_z` our

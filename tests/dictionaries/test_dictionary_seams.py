@@ -169,3 +169,26 @@ def test_feature_pages_show_a_piece_of_a_character_as_its_bytes():
 _PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
 BYTES = {chr(b): b for b in _PRINTABLE} | {chr(256 + n): b for n, b in enumerate(
     b for b in range(256) if b not in _PRINTABLE)}
+
+
+def test_with_the_error_term_the_stream_gradient_is_the_models_up_to_the_rounding_of_its_cancellation():
+    """What README says of gradients: below the dictionary the gradient is g + gJ - gJ (g the model's own, J the
+    dictionary's Jacobian), summed by autograd in float32, so it is the model's within a few rounding errors of
+    |g| + |gJ| elementwise, not bitwise. Spliced at the token embeddings, where inputs_embeds goes in as it is, its
+    gradient is exactly the stream's at the dictionary's input."""
+    model = tiny_model("gpt2")
+    sae = random_sae("standard", 48, hook_name="embeddings.word")
+    embeds = model.get_input_embeddings()(IDS).detach()
+
+    def gradient():
+        leaf = embeds.clone().requires_grad_()
+        model(inputs_embeds=leaf).logits.logsumexp(-1).sum().backward()
+        return leaf.grad
+
+    own = gradient()
+    with model.attached(sae):
+        spliced = gradient()
+    through_dictionary = torch.autograd.functional.vjp(sae, embeds, own)[1]  # gJ
+    bound = 4 * torch.finfo(torch.float32).eps * (own.abs() + through_dictionary.abs())
+    assert bool(((spliced - own).abs() <= bound).all())
+    assert float(through_dictionary.abs().max()) > float(own.abs().max()) / 10  # the cancellation is not trivial
