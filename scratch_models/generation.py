@@ -171,7 +171,8 @@ LENS_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, ma
 # transformers' generation settings that change the tokens and that generate does not implement: the value that
 # leaves each off
 NOT_IMPLEMENTED = {"num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None,
-                   "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None,
+                   "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+                   "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None,
                    "forced_eos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
                    "exponential_decay_length_penalty": None, "guidance_scale": None, "dola_layers": None,
                    "stop_strings": None, "max_time": None, "num_return_sequences": 1}

@@ -373,7 +373,8 @@ def _check_width(model, sae: SAE, site: Site) -> tuple[tuple[str, ...], tuple[in
     if site.layout is HEADS:  # TL's heads layout: [.., n, s, d] read as [.., s, n, d]
         dims[-3], dims[-2] = dims[-2], dims[-3]
     token = dims.index("s") if "s" in dims else 0
-    if any("p" in axis or axis == "s" for axis in dims[token + 1:]) or (site.layout is not HEADS and "n" in dims[:token]):
+    if any("p" in axis or axis == "s" for axis in dims[token + 1:]) or (
+            site.layout is not HEADS and "n" in dims[:token]):
         raise DictionaryError(f"{_described(sae)} reads {site.given}: our {site.name} [{', '.join(point.dims)}] has "
                               "no single vector per token to read" + (
                                   "; name TransformerLens' hook (its heads side by side per token)"

@@ -120,9 +120,9 @@ def _positive(value) -> bool:
 def inverse_frequencies(dim: int, theta: float, scaling: dict | None = None, max_position_embeddings: int = 0,
                         seq_len: torch.Tensor | None = None, device=None) -> torch.Tensor:
     """[dim / 2] float32: how fast each pair of the `dim` rotated dimensions turns per position, as transformers'
-    rope initialisers compute them (modeling_rope_utils). `seq_len` (a tensor, as transformers passes it): the length of the sequence the
-    angles are for, which the dynamic type (theta grows past the trained length) and longrope (the long factors
-    past the original length) read; None at the trained length."""
+    rope initialisers compute them (modeling_rope_utils). `seq_len` (a tensor, as transformers passes it): the length
+    of the sequence the angles are for, which the dynamic type (theta grows past the trained length) and longrope
+    (the long factors past the original length) read; None at the trained length."""
     rope_type = scaling["rope_type"] if scaling else "default"
     if rope_type == "default":
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))

@@ -90,7 +90,8 @@ def test_exclude_special_tokens_is_saelens_name_for_drop_special(tiny_gpt2):
     options = dict(context=8, batch_size=2)
 
     def tokens(**chosen):
-        return torch.cat([r["token_id"] for r in iter_activations(model, CORPUS, ["layers.0.out"], **options, **chosen)])
+        rows = iter_activations(model, CORPUS, ["layers.0.out"], **options, **chosen)
+        return torch.cat([r["token_id"] for r in rows])
 
     every, dropped = tokens(), tokens(drop_special=True)
     assert torch.equal(tokens(exclude_special_tokens=True), dropped) and len(dropped) < len(every)
