@@ -59,6 +59,9 @@ BERT = MappingTable(
     layers_field="num_hidden_layers",
     # TensorFlow-era LayerNorm names, still in bert-base-uncased's files (rows marked legacy)
     legacy_leaf_names={"gamma": "weight", "beta": "bias"},
+    # BertSelfOutput (dense, residual, LayerNorm) ends BertAttention, BertOutput ends BertLayer
+    same_output={"encoder.layer.{i}.attention.output": "encoder.layer.{i}.attention",
+                 "encoder.layer.{i}.output": "encoder.layer.{i}"},
     ignored={
         "embeddings.position_ids": "buffer: position indices 0..max_position_embeddings-1, recomputed",
         "embeddings.token_type_ids": "buffer: all-zero default token types, recomputed",

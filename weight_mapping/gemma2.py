@@ -6,6 +6,7 @@ repeat for every layer. Four RMSNorms per layer (weights stored as w, applied as
 attention, before and after the MLP; ours are `norm_1`, `post_attn_norm`, `norm_2`, `post_mlp_norm`.
 """
 
+from .llama import ROTARY_BUFFERS
 from .table import GENERIC_TASK_HEADS, WEIGHT, WEIGHT_BIAS, MappingTable, Row
 
 GEMMA2 = MappingTable(
@@ -53,7 +54,9 @@ GEMMA2 = MappingTable(
     base_prefix="model.",
     layers_field="num_hidden_layers",
     legacy_leaf_names={},
-    ignored={},  # the rotary frequencies and the embedding scale are buffers transformers never saves
+    # the rotary frequencies, which transformers 4.4x saved as buffers in some conversions (as Llama 2's); the
+    # embedding scale is a buffer transformers never saves
+    ignored=ROTARY_BUFFERS,
     aliases={
         # tied while config.tie_word_embeddings (every Gemma 2 release)
         "lm_head.weight": "embed_tokens.weight",

@@ -46,6 +46,9 @@ class MappingTable:
     # question answering classes keep their base model as `transformer`, for backward compatibility): read as
     # base_prefix is; the class says which it writes (PretrainedModel.checkpoint_prefixed)
     head_prefixes: tuple[str, ...] = ()
+    # a module whose output is its parent's (its last step) -> that parent ("{i}" for every layer): for naming a
+    # point by either module (sparsify names a dictionary's folder by the module it hooked), never compared twice
+    same_output: dict = dataclasses.field(default_factory=dict)
 
     def expand(self, num_layers: int) -> list[Row]:
         """The rows with "{i}" filled in for every layer, in table order (the last depth's kept: a load asks for

@@ -124,8 +124,8 @@ class Runner:
     them that it reaches (the layers above are not run); several threads may run batches at once, each recording
     its own. `compiled`: compile_model's run_with_cache, one graph per batch shape, which runs the whole model."""
 
-    def __init__(self, model, names: list[str], layouts: dict[str, Layout], *, positions: str, drop_special: bool,
-                 input_names: tuple[str, ...], compiled=None):
+    def __init__(self, model, names: list[str], layouts: dict[str, Layout], *, positions: str,
+                 drop_special: bool | list[int], input_names: tuple[str, ...], compiled=None):
         self.model, self.names, self.layouts = model, names, layouts
         self.positions, self.drop_special = positions, drop_special
         self.input_names = input_names
@@ -168,7 +168,7 @@ class Runner:
                 columns["token_type_ids"][row, :n] = torch.tensor(sequence.token_types)
             columns["document"][row, :n] = torch.tensor(sequence.document)
             columns["position"][row, :n] = torch.tensor(sequence.position)
-            keep[row, :n] = ~torch.tensor(sequence.special, dtype=torch.bool) if self.drop_special else True
+            keep[row, :n] = ~torch.tensor(sequence.dropped(self.drop_special), dtype=torch.bool)
         return columns | {"keep": keep}
 
     def run(self, batch) -> dict[str, torch.Tensor]:

@@ -40,6 +40,14 @@ class Sequence:
     def __len__(self):
         return len(self.ids)
 
+    def dropped(self, drop_special: bool | list[int]) -> list[bool]:
+        """Per token, whether a harvest with `drop_special` leaves it out: every special token (True), the tokens of
+        those ids (a list: SAELens' exclude_special_tokens), or none (False)."""
+        if isinstance(drop_special, list):
+            ids = set(drop_special)
+            return [token in ids for token in self.ids]
+        return self.special if drop_special else [False] * len(self.ids)
+
 
 @dataclasses.dataclass
 class Tokenized:
@@ -118,18 +126,22 @@ def packed(documents: Iterable[Tokenized], context: int, bos: int | None, separa
 
 
 def per_document(documents: Iterable[Tokenized], limit: int, limit_name: str, corpus: Corpus, pairs: bool,
-                 counts: dict) -> Iterator[Sequence]:
+                 counts: dict, causal: bool) -> Iterator[Sequence]:
     """One sequence per document (an empty one is skipped and counted in `counts["empty"]`); a document longer
-    than `limit` tokens is an error naming it."""
+    than `limit` tokens is an error naming it, and saying what works for the model (`causal`: packing does)."""
     for item in documents:
         n = len(item.ids)
         if n == 0:
             counts["empty"] = counts.get("empty", 0) + 1
             continue
         if n > limit:
+            if causal and not pairs:
+                how = "shorten it, or pack the corpus (batching 'pack': documents end to end, cut every context)"
+            else:  # packing would let a token see the next document: this model reads both ways
+                how = (f"split it into documents of at most {limit} tokens (a line each in a .txt file), or shorten "
+                       "it; packing is for causal models, whose tokens never see the next document")
             raise CorpusError(f"{corpus.where(item.document.index)}: {n} tokens, longer than the {limit} this model "
-                              f"reads (config.json {limit_name}={limit}); shorten it"
-                              + ("" if pairs else ", or pack the corpus (batching 'pack')"))
+                              f"reads (config.json {limit_name}={limit}): {how}")
         yield Sequence(item.ids, [item.document.index] * n, list(range(n)), item.special,
                        item.token_types if pairs else None)
 

@@ -80,8 +80,9 @@ def harvest(model, data, names, out, *, overwrite: bool = False, compile: bool =
     narrowest class that has the names, on `device` in `model_dtype`. `data`: a .txt / .jsonl / .csv / .parquet
     file, a directory `datasets` saved, a list of texts or a datasets.Dataset (see scratch_models.corpus.reading).
     `options` (see Options): batching ("pack", "document"), context, positions ("all", "first", "last", "mean"),
-    drop_special, prepend_bos, batch_size, text_column, pair_column, ids_column, layout ("rows", "saelens"),
-    dtype (storage: "float32", "float16", "bfloat16").
+    drop_special (true: every special token; a list: the tokens of those ids; SAELens' name exclude_special_tokens
+    works too), prepend_bos, batch_size, text_column, pair_column, ids_column, layout ("rows", "saelens"), dtype
+    (storage: "float32", "float16", "bfloat16").
 
     Run again with the same arguments, it resumes from the shards on disk (after a crash, a kill or Ctrl-C, which
     raises `Interrupted`); other settings are refused unless `overwrite`, and a second harvest into `out` while one

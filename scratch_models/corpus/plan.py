@@ -32,7 +32,9 @@ class Options:
     batching: str | None = None  # "pack" or "document"; None: pack for a causal family, else document
     context: int | None = None  # pack: tokens per sequence (default 128)
     positions: str = "all"
-    drop_special: bool = False
+    drop_special: bool | list[int] = False  # True: every special token; a list: the tokens of those ids
+    # SAELens' name for drop_special (its runner's exclude_special_tokens: True, or a list of token ids)
+    exclude_special_tokens: bool | list[int] | None = None
     prepend_bos: bool | None = None  # None: pack puts BOS first in each sequence, document adds none
     batch_size: int = 8
     text_column: str | None = None
@@ -118,7 +120,7 @@ class Plan:
 
     @property
     def limit(self) -> int:
-        return getattr(self.model.config, self.family.positions_field)
+        return self.family.position_limit(self.model.config)[0]
 
     def _check_options(self, family) -> None:
         o = self.options
@@ -129,6 +131,17 @@ class Plan:
         _choice("layout", o.layout, LAYOUTS)
         if o.dtype is not None:
             _choice("dtype", o.dtype, STORAGE_DTYPES)
+        if o.exclude_special_tokens is not None:
+            if o.drop_special not in (False, o.exclude_special_tokens):
+                raise ValueError(f"drop_special={o.drop_special!r} and exclude_special_tokens="
+                                 f"{o.exclude_special_tokens!r} (SAELens' name for it) disagree: give one")
+            o.drop_special, o.exclude_special_tokens = o.exclude_special_tokens, None
+        ids = o.drop_special if isinstance(o.drop_special, list) else []
+        if not isinstance(o.drop_special, (bool, list)) or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.model.config.vocab_size
+                for i in ids):
+            raise ValueError(f"drop_special / exclude_special_tokens must be true, false or a list of token ids "
+                             f"(0 <= id < vocab_size {self.model.config.vocab_size}), got {o.drop_special!r}")
         if not isinstance(o.batch_size, int) or o.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {o.batch_size!r}")
         if o.batching == "pack":
@@ -211,13 +224,14 @@ class Plan:
             bos = self._special("bos") if o.prepend_bos else None
             return batching.packed(tokens, o.context, bos, separator, self.counts)
         return batching.per_document(tokens, self.limit, self.family.positions_field, self.corpus,
-                                     self.corpus.pair_column is not None, self.counts)
+                                     self.corpus.pair_column is not None, self.counts, self.family.causal)
 
     def rows_of(self, sequence: batching.Sequence) -> int:
         """The rows a sequence stores."""
+        dropped = sequence.dropped(self.options.drop_special)
         if self.options.positions == "all":
-            return sum(not s for s in sequence.special) if self.options.drop_special else len(sequence)
-        return int(not self.options.drop_special or not all(sequence.special))
+            return len(sequence) - sum(dropped)
+        return int(not all(dropped))
 
     def blocks(self, rows_per_block: int) -> Iterator[list[batching.Sequence]]:
         return batching.blocks(self.sequences(), self.rows_of, rows_per_block)

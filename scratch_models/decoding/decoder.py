@@ -58,6 +58,14 @@ class CausalDecoder(PretrainedModel):
         """What the blocks need of the positions beyond the embeddings (Step.positional): nothing by default."""
         return None
 
+    def table_size(self, argument: str) -> tuple[int, str]:
+        """As PretrainedModel's, except that a rotary family's positions index no table: they reach as far as its
+        rotary embedding is made for (RotaryEmbedding.context: past the trained length where the scaling is made
+        to go there)."""
+        if argument == "position_ids" and "rotary" in self._modules:
+            return self.rotary.context
+        return super().table_size(argument)
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None,
                 past_key_values: KVCache | None = None, use_cache: bool = False, output_hidden_states: bool = False,
                 output_attentions: bool = False, inputs_embeds=None) -> BaseModelOutputWithPast:

@@ -14,16 +14,17 @@ from ..parts.inputs import check_ids, check_mask
 from ..parts.kv_cache import KVCache
 
 
-def warp(scores: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-         top_p: float | None = None) -> torch.Tensor:
+def warp(scores: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+         min_p: float | None = None, typical_p: float | None = None) -> torch.Tensor:
     """Next-token scores [b, V] -> the scores to sample from: removed tokens get -inf.
 
-    Temperature, then top-k, then top-p (nucleus), in the order and with the tie rules of transformers' logits
-    warpers, so a seeded run samples from the same distribution.
+    Temperature, then top-k, then top-p (nucleus), then min-p (tokens less likely than min_p times the likeliest
+    go), then typical-p (the tokens whose surprise is closest to the entropy, up to that mass), in the order and
+    with the tie rules of transformers' logits warpers, so a seeded run samples from the same distribution.
     """
     if temperature != 1.0:
         scores = scores / temperature
-    if top_k is not None:
+    if top_k:  # 0 is off, as in transformers
         kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]
         scores = scores.masked_fill(scores < kth, -math.inf)  # tokens tied with the k-th best all stay
     if top_p is not None and top_p < 1.0:
@@ -32,6 +33,50 @@ def warp(scores: torch.Tensor, temperature: float = 1.0, top_k: int | None = Non
         drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
         drop[:, -1] = False  # the most likely token always stays
         scores = scores.masked_fill(drop.scatter(1, order, drop), -math.inf)
+    if min_p is not None:
+        probs = scores.softmax(dim=-1)
+        drop = probs < min_p * probs.amax(dim=-1, keepdim=True)
+        scores = scores.masked_fill(drop.scatter(1, probs.argmax(dim=-1, keepdim=True), False), -math.inf)
+    if typical_p is not None and typical_p < 1.0:
+        log_probs = scores.log_softmax(dim=-1)
+        entropy = -(log_probs * log_probs.exp()).nansum(-1, keepdim=True)
+        surprise, order = torch.sort((-log_probs - entropy).abs())  # distance from the typical surprise
+        mass = scores.gather(-1, order).softmax(dim=-1).cumsum(dim=-1)
+        last = (mass < typical_p).sum(dim=1).clamp(max=scores.shape[-1] - 1)  # the first to reach typical_p
+        drop = surprise > surprise.gather(1, last[:, None])
+        drop[:, 0] = False  # the most typical token always stays
+        scores = scores.masked_fill(drop.scatter(1, order, drop), -math.inf)
+    return scores
+
+
+def penalize(scores: torch.Tensor, tokens: torch.Tensor, padding: torch.Tensor, eos: torch.Tensor | None, *,
+             repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_length: int = 0) -> torch.Tensor:
+    """Next-token scores [b, V] after the rows' tokens so far [b, t] (`padding` [b]: how many of a row's first
+    columns are left padding) -> the scores transformers' logits processors make of them, in their order, greedy
+    or sampling alike:
+    repetition_penalty  each token already in the row (its padding aside) has a positive score divided by it, a
+                        negative one multiplied (Keskar et al., 2019)
+    no_repeat_ngram_size  a token that would complete an n-gram the row (padding included, as there) holds is out
+    min_length          the end tokens are out while the row (the prompt's width included) is shorter
+    """
+    vocab = scores.shape[-1]
+    if repetition_penalty != 1.0:
+        columns = torch.arange(tokens.shape[1], device=tokens.device)
+        ids = tokens.masked_fill(columns < padding[:, None], vocab).clamp(max=vocab)  # padding: a spare column
+        padded = F.pad(scores, (0, 1))
+        seen = padded.gather(1, ids)
+        seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
+        scores = padded.scatter(1, ids, seen)[:, :vocab]
+    n = no_repeat_ngram_size
+    if n > 0 and tokens.shape[1] >= n:
+        # the n-grams whose first n - 1 tokens are the row's last n - 1: each bans its last token
+        windows = tokens.unfold(1, n, 1)  # [b, t - n + 1, n]
+        repeats = (windows[..., :-1] == tokens[:, tokens.shape[1] + 1 - n:].unsqueeze(1)).all(dim=-1)
+        banned = scores.new_zeros(scores.shape[0], vocab + 1, dtype=torch.bool)
+        banned.scatter_(1, torch.where(repeats, windows[..., -1].clamp(max=vocab), vocab), True)
+        scores = scores.masked_fill(banned[:, :vocab], -math.inf)
+    if eos is not None and tokens.shape[1] < min_length:
+        scores = scores.masked_fill(torch.isin(torch.arange(vocab, device=scores.device), eos), -math.inf)
     return scores
 
 
@@ -47,14 +92,18 @@ FROM_CONFIG = _FromConfig()
 
 # transformers' defaults for what a generation config leaves unset (GenerationConfig._get_default_generation_params;
 # its max_length=20 counts from the prompt's end when left at its default: 20 new tokens)
-TRANSFORMERS_DEFAULTS = dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, max_new_tokens=20)
+# the logits processors and warpers generate applies besides temperature, top-k and top-p, each set to leave the
+# scores as they are (`penalize`, `warp`)
+PROCESSORS_OFF = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_length=0, min_new_tokens=None, min_p=None,
+                      typical_p=1.0)
+TRANSFORMERS_DEFAULTS = dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, max_new_tokens=20,
+                             **PROCESSORS_OFF)
 # TransformerLens' generate's defaults, for a model loaded with transformer_lens=True
-LENS_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=10)
+LENS_DEFAULTS = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=10, **PROCESSORS_OFF)
 # transformers' generation settings that change the tokens and that generate does not implement: the value that
 # leaves each off
-NOT_IMPLEMENTED = {"num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "repetition_penalty": 1.0,
-                   "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0,
-                   "min_new_tokens": None, "typical_p": 1.0, "min_p": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+NOT_IMPLEMENTED = {"num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None,
+                   "encoder_repetition_penalty": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
                    "bad_words_ids": None, "sequence_bias": None, "forced_bos_token_id": None,
                    "forced_eos_token_id": None, "suppress_tokens": None, "begin_suppress_tokens": None,
                    "exponential_decay_length_penalty": None, "guidance_scale": None, "dola_layers": None,
@@ -67,8 +116,9 @@ class GenerationConfig:
     generation_config.json where it has one (the fields it sets; the others are transformers' defaults, and its end
     token is its own, none if it names none), else config.json's special tokens (transformers'
     GenerationConfig.from_model_config). `unsupported`: settings the file makes that generate does not implement
-    (beam search, a repetition penalty, ...), refused by generate rather than ignored; clear them to generate
-    without. `max_length` counts the prompt, as transformers'."""
+    (beam search, bad_words_ids, ...), refused by generate rather than ignored; clear them to generate without.
+    `max_length` and `min_length` count the prompt, as transformers'; min_new_tokens, where set, wins over
+    min_length, as there."""
 
     do_sample: bool | None = None
     temperature: float | None = None
@@ -78,6 +128,12 @@ class GenerationConfig:
     max_length: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    min_length: int | None = None
+    min_new_tokens: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
     unsupported: dict = dataclasses.field(default_factory=dict)
     source: str = "config.json"
 
@@ -87,7 +143,9 @@ class GenerationConfig:
         if not isinstance(raw, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(raw).__name__}")
         kinds = {"do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
-                 "max_new_tokens": (int,), "max_length": (int,), "eos_token_id": (int, list), "pad_token_id": (int,)}
+                 "max_new_tokens": (int,), "max_length": (int,), "eos_token_id": (int, list), "pad_token_id": (int,),
+                 "repetition_penalty": (int, float), "no_repeat_ngram_size": (int,), "min_length": (int,),
+                 "min_new_tokens": (int,), "min_p": (int, float), "typical_p": (int, float)}
         values = {}
         for field, kind in kinds.items():
             value = raw.get(field)
@@ -148,13 +206,18 @@ class GenerationMixin:
                  streamer=None, input=None, stop_at_eos: bool = True, prepend_bos: bool | None = None,
                  padding_side: str | None = None, return_type: str = "input", verbose: bool = True,
                  use_past_kv_cache: bool = True, freq_penalty: float = 0.0,
-                 repetition_penalty: float = 1.0):
+                 repetition_penalty: float = FROM_CONFIG, no_repeat_ngram_size: int = FROM_CONFIG,
+                 min_new_tokens: int | None = FROM_CONFIG, min_length: int = FROM_CONFIG,
+                 min_p: float | None = FROM_CONFIG, typical_p: float = FROM_CONFIG):
         """input_ids [b, s] -> [b, s + generated]: the prompts followed by up to `max_new_tokens` new tokens.
 
         A batch of prompts of different lengths is padded on the left, with `attention_mask` [b, s] (1 token,
         0 padding; None means no padding), so every row's next token lands in the same column. A row padded on
         the right or with a gap, or with no token at all, is refused.
         Greedy (`do_sample=False`, argmax) unless sampling; sampling draws from `warp`ed scores with `generator`.
+        Either way the scores first go through transformers' logits processors (`penalize`): `repetition_penalty`
+        (> 1 discourages the tokens a row holds), `no_repeat_ngram_size`, and `min_new_tokens` / `min_length` (no
+        end token before); sampling also applies `min_p` and `typical_p` after top-p (`warp`).
         A row stops at `eos_token_id` (an id, or a list or tuple of ids: any of them; None: never, as in
         transformers) and is filled with `pad_token_id` (default the generation config's, else the first end
         token inside the vocabulary) until every row has stopped or `max_new_tokens` are generated.
@@ -173,7 +236,8 @@ class GenerationMixin:
         bridge does) for text, ids for ids; "str" or "tokens" say which. `stop_at_eos=False` stops at no end token.
         `verbose`, `use_past_kv_cache` and `padding_side` are accepted and change nothing (the KV cache is always
         used, and a batch of texts is padded on the left, as TL's generate pads it whatever the side);
-        `freq_penalty` and `repetition_penalty` are not implemented and refused unless left at 0 and 1.
+        TransformerLens' `repetition_penalty` is transformers' (left padding aside); its `freq_penalty` is not
+        implemented and refused unless left at 0.
         """
         if input is not None:
             if input_ids is not None:
@@ -181,8 +245,9 @@ class GenerationMixin:
             input_ids = input
         if input_ids is None:
             raise ValueError("generate needs a prompt: token ids [b, s], a text or a list of texts")
-        if freq_penalty != 0.0 or repetition_penalty != 1.0:
-            raise ValueError("freq_penalty and repetition_penalty are not implemented here: leave them at 0 and 1")
+        if freq_penalty != 0.0:
+            raise ValueError("freq_penalty (TransformerLens') is not implemented here: leave it at 0, or use "
+                             "repetition_penalty")
         if return_type not in ("input", "str", "tokens"):
             raise ValueError(f"return_type must be 'input', 'str' or 'tokens', got {return_type!r}")
         prompt = input_ids
@@ -199,6 +264,9 @@ class GenerationMixin:
         settings = self._generation_settings(max_new_tokens=max_new_tokens, do_sample=do_sample,
                                              temperature=temperature, top_k=top_k, top_p=top_p,
                                              eos_token_id=eos_token_id if stop_at_eos else None,
+                                             repetition_penalty=repetition_penalty,
+                                             no_repeat_ngram_size=no_repeat_ngram_size, min_new_tokens=min_new_tokens,
+                                             min_length=min_length, min_p=min_p, typical_p=typical_p,
                                              prompt_len=input_ids.shape[-1] if isinstance(input_ids, torch.Tensor)
                                              else 0)
         tokens = self._generate(input_ids, attention_mask, pad_token_id=pad_token_id, generator=generator,
@@ -231,7 +299,7 @@ class GenerationMixin:
                     raise ValueError(f"input_ids has {prompt_len} tokens, and {config.source} sets max_length="
                                      f"{config.max_length} (the prompt included): pass max_new_tokens")
             elif defaults is TRANSFORMERS_DEFAULTS:  # transformers' default length stops at the position table
-                limit = getattr(self.config, self.family.positions_field)
+                limit, _ = self.table_size("position_ids")
                 settings["max_new_tokens"] = max(1, min(settings["max_new_tokens"], limit - prompt_len))
         settings["configured_eos"] = given["eos_token_id"] is FROM_CONFIG
         return settings
@@ -239,7 +307,8 @@ class GenerationMixin:
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
                   do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, eos_token_id,
                   configured_eos: bool, pad_token_id: int | None, generator: torch.Generator | None,
-                  streamer) -> torch.Tensor:
+                  streamer, repetition_penalty: float, no_repeat_ngram_size: int, min_new_tokens: int | None,
+                  min_length: int, min_p: float | None, typical_p: float) -> torch.Tensor:
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
         batch, prompt_len = input_ids.shape
@@ -248,6 +317,10 @@ class GenerationMixin:
         check_mask("attention_mask", attention_mask, (batch, prompt_len))
         _check_left_padded(attention_mask)
         _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p)
+        _check_processors(repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, min_p, typical_p)
+        if min_new_tokens is not None:  # transformers: it wins, counted after the prompt's width
+            min_length = prompt_len + min_new_tokens
+        padding = (attention_mask != 0).int().argmax(dim=1)  # each row's left padding
         eos, pad = _stop_tokens(eos_token_id, configured_eos, pad_token_id, self.generation_config.pad_token_id,
                                 config.vocab_size)
         if eos is not None:
@@ -256,8 +329,7 @@ class GenerationMixin:
         # padding sits at position 0 (masked anyway). transformers' generate does the same.
         positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         prompt_end = int(positions[:, -1].max())  # the position of the longest prompt's last token
-        field = self.family.positions_field
-        limit = getattr(config, field)
+        limit, field = self.table_size("position_ids")  # a rotary scaling may reach past the trained length
         if prompt_end >= limit:
             raise ValueError(f"input_ids: the longest prompt has {prompt_end + 1} tokens; this model has "
                              f"{field}={limit}")
@@ -277,9 +349,11 @@ class GenerationMixin:
             streamer.put(input_ids.cpu())
         length = prompt_len
         for _ in range(max_new_tokens):
-            logits = next_scores(step_ids, step_positions)  # [b, V]: scores for the next token
+            logits = penalize(next_scores(step_ids, step_positions), tokens[:, :length], padding, eos,
+                              repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                              min_length=min_length)  # [b, V]: scores for the next token
             if do_sample:
-                probs = F.softmax(warp(logits, temperature, top_k, top_p), dim=-1)
+                probs = F.softmax(warp(logits, temperature, top_k, top_p, min_p, typical_p), dim=-1)
                 next_ids = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
             else:
                 next_ids = logits.argmax(dim=-1)
@@ -332,10 +406,32 @@ def _check_settings(max_new_tokens, do_sample, temperature, top_k, top_p) -> Non
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if do_sample and not temperature > 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {temperature!r} (greedy: do_sample=False)")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0):
+        raise ValueError(f"top_k must be an integer >= 0 or None (0 or None: off, as in transformers), got "
+                         f"{top_k!r}")
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+def _check_processors(repetition_penalty, no_repeat_ngram_size, min_new_tokens, min_length, min_p,
+                      typical_p) -> None:
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not (number(repetition_penalty) and repetition_penalty > 0):
+        raise ValueError(f"repetition_penalty must be a number > 0 (1: no penalty), got {repetition_penalty!r}")
+    for name, value in (("no_repeat_ngram_size", no_repeat_ngram_size), ("min_length", min_length)):
+        if not count(value):
+            raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}")
+    if min_new_tokens is not None and not count(min_new_tokens):
+        raise ValueError(f"min_new_tokens must be an integer >= 0 or None, got {min_new_tokens!r}")
+    if min_p is not None and not (number(min_p) and 0 <= min_p <= 1):
+        raise ValueError(f"min_p must be in [0, 1] or None, got {min_p!r}")
+    if not (number(typical_p) and 0 < typical_p <= 1):
+        raise ValueError(f"typical_p must be in (0, 1] (1: off), got {typical_p!r}")
 
 
 def _check_left_padded(attention_mask: torch.Tensor) -> None:

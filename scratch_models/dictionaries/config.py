@@ -38,3 +38,9 @@ class SAEConfig:
     def __post_init__(self):
         self.metadata = Metadata(self.metadata)
         self.metadata.setdefault("hook_name", self.hook_name)
+        sizes = ("d_in", "d_sae") + (("k",) if self.k is not None else ())
+        for name in sizes:  # here, before any tensor is made of them
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DictionaryError(f"{self.source or 'SAEConfig'}: {name} is {value!r}; it must be a positive "
+                                      "integer")

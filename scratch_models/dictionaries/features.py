@@ -40,7 +40,7 @@ import torch
 from ..lens.names import SAME
 from .feature_stats import BINS, BatchPlaces, FeatureStats, bin_edges
 from .sae import SAE, DictionaryError
-from .splice import _check_width, resolve_hook
+from .splice import Splice, _check_width, resolve_hook
 
 FORMAT = "scratch-models features"
 MANIFEST = "features.json"
@@ -49,7 +49,7 @@ SAVE_SECONDS = 60.0  # how often a process writes its part file: what a kill can
 QUANTILES = (0.5, 0.9, 0.99)
 LOGIT_TOKENS = 10  # tokens a feature raises (and lowers) most, on its page
 OPTION_NAMES = ("batching", "context", "prepend_bos", "batch_size", "text_column", "pair_column", "ids_column",
-                "drop_special")
+                "drop_special", "exclude_special_tokens")
 
 
 @dataclasses.dataclass
@@ -96,7 +96,8 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     `model`: one of our models, or a checkpoint (loaded on `device` in `model_dtype`, as its LM class when the file
     has the head, for the logit effects). `dictionary`: an SAE, or what SAE.from_pretrained takes. `data`: what
     harvest reads. `options`: harvest's batching, context, prepend_bos, batch_size, text_column, pair_column,
-    ids_column and drop_special (special tokens then count for no feature, and show without an activation).
+    ids_column and drop_special (special tokens, or the tokens of a list of ids, then count for no feature, and show
+    without an activation; SAELens' exclude_special_tokens is the same option).
     `top_k`: examples kept per feature; `samples`: tokens sampled per feature for the quantile bands; `window`:
     (tokens before, tokens after) each example shows. `pages`: write the HTML pages. `block_tokens`: the corpus's
     unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file.
@@ -116,6 +117,11 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
         sae = sae.to(next(model.parameters()).device)
         site = resolve_hook(model, sae.cfg.hook_name, f"the dictionary {sae.cfg.source}".rstrip())
         _check_width(model, sae, site)
+        spliced = model.hook_points()[site.name].spliced
+        if isinstance(spliced, Splice) and not spliced.error_term:  # the point then holds a reconstruction
+            raise DictionaryError(f"a dictionary ({spliced.extra_repr()}) is attached at {site.name} without the "
+                                  "error term, so that point holds its reconstruction, not the model's activations: "
+                                  "detach it (model.detach()) or attach it with error_term=True")
         plan = Plan(model, data, [site.name], Options(**options))
         settings = plan.settings() | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
                                       "hook": site.name, "top_k": top_k, "samples": samples,
@@ -420,11 +426,12 @@ class FeatureReport:
         self._strings: dict[int, str] = {}
 
     def strings(self, ids) -> list[str]:
-        """Each token id as text (the tokenizer's, each id alone; "[id]" without one)."""
+        """Each token id as text (the tokenizer's, each id alone, a piece of a character as its bytes: Tokenizer.
+        shown_tokens; "[id]" without one)."""
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
         missing = sorted({i for i in ids if i not in self._strings})
         if missing:
-            texts = self.tokenizer.str_tokens(missing) if self.tokenizer is not None else [f"[{i}]" for i in missing]
+            texts = self.tokenizer.shown_tokens(missing) if self.tokenizer is not None else [f"[{i}]" for i in missing]
             self._strings.update(zip(missing, texts))
         return [self._strings[i] for i in ids]
 

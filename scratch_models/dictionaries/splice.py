@@ -18,9 +18,10 @@ error, which is the model's own tensor, bitwise, while no listener edits the dic
 goes on); with `error_term=False`, the reconstruction. Edit `acts` (ablate, steer, patch a feature) and the edit
 reaches the output through recons, while the error stays that of the unedited input, so an ablated feature is gone
 and nothing else moves. Gradients: the model's own, as if nothing were spliced (the error term carries the
-gradient of everything the dictionary misses), and the features' through the decoder, so attribution reads
-d metric / d acts at `acts`. SAELens computes its error under no_grad instead, so there a gradient of the stream
-below the dictionary flows through the encoder alone.
+gradient of everything the dictionary misses), up to rounding: below the dictionary autograd sums g + gJ - gJ (J
+its Jacobian), which is g within a few float32 rounding errors of |g| + |gJ|, not bitwise; and the features' through
+the decoder, so attribution reads d metric / d acts at `acts`. SAELens computes its error under no_grad instead, so
+there a gradient of the stream below the dictionary flows through the encoder alone.
 
 The hook the dictionary names is read through the model's family: one of our hook names, a TransformerLens name
 of the family's table (`blocks.8.hook_resid_pre` is our `layers.7.out`; `blocks.8.attn.hook_z` our
@@ -44,7 +45,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..lens.names import SAME, Alias, Layout, Resolved
+from ..lens.forks import Fork
+from ..lens.names import HEADS, SAME, Alias, Layout, NormStatistic, Resolved
 from ..parts.hook_point import HookPoint
 from .sae import SAE, DictionaryError
 
@@ -81,10 +83,17 @@ def resolve_hook(model, hook_name: str, source: str = "the dictionary") -> Site:
         if resolved.source is None:
             raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which {type(model).__name__} has "
                                   f"no counterpart for: {resolved.entry.reason}")
-        if not isinstance(resolved.entry, Alias) or resolved.opt_in:
-            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which is our {resolved.source} "
-                                  "here, an opt-in point computed only for a listener: a dictionary splices into a "
-                                  "point every forward pass computes")
+        if isinstance(resolved.entry, Fork):
+            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, a copy of the stream (our "
+                                  f"{resolved.source}) that TL's {resolved.entry.flag} switch makes to feed "
+                                  f"{'the MLP' if resolved.entry.mlp_input else 'the attention'} alone; splicing into "
+                                  "such a copy is not implemented (a dictionary at the stream itself would change "
+                                  "every reader of it)")
+        if not isinstance(resolved.entry, (Alias, NormStatistic)):
+            raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which TL computes from other "
+                                  f"tensors here ({type(resolved.entry).__name__}): a dictionary splices into a hook "
+                                  "point of the model")
+        # an opt-in point (a norm's hook_normalized, hook_result) is computed while a dictionary is spliced in
         return Site(resolved.source, resolved.entry.layout, hook_name)
     module = _module_output(model, hook_name)
     if module is not None:
@@ -103,6 +112,8 @@ def _module_output(model, name: str) -> str | None:
     table = model.family.table
     name = table.normalize(f"{name}.x").removesuffix(".x")  # the prefix and other writers' names, as for keys
     layers = len(getattr(model, "layers", ()))
+    name = next((parent.format(i=i) for child, parent in table.same_output.items() for i in range(layers)
+                 if name == child.format(i=i)), name)
     for row in table.compared(layers, with_heads=True):
         if row.checkpoint == name and row.pick in (None, 0) and row.ours in model.hook_points():
             return row.ours
@@ -359,10 +370,11 @@ def _check_width(model, sae: SAE, site: Site) -> tuple[tuple[str, ...], tuple[in
     once per hook point."""
     point = model.hook_points()[site.name]
     dims = list(point.dims)
-    if site.layout is not SAME and len(dims) >= 3:  # TL's heads layout: [.., n, s, d] read as [.., s, n, d]
+    if site.layout is HEADS:  # TL's heads layout: [.., n, s, d] read as [.., s, n, d]
         dims[-3], dims[-2] = dims[-2], dims[-3]
     token = dims.index("s") if "s" in dims else 0
-    if any("p" in axis or axis == "s" for axis in dims[token + 1:]) or (site.layout is SAME and "n" in dims[:token]):
+    if any("p" in axis or axis == "s" for axis in dims[token + 1:]) or (
+            site.layout is not HEADS and "n" in dims[:token]):
         raise DictionaryError(f"{_described(sae)} reads {site.given}: our {site.name} [{', '.join(point.dims)}] has "
                               "no single vector per token to read" + (
                                   "; name TransformerLens' hook (its heads side by side per token)"

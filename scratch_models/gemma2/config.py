@@ -37,7 +37,7 @@ class Gemma2Config(ModelConfig):
     max_position_embeddings: int = 8192
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # None: the default; else linear, dynamic or llama3 (parts/rotary.py)
+    rope_scaling: dict | None = None  # None: the default; else a type of parts/rotary.py's ROPE_TYPES
     attention_bias: bool = False
     attention_dropout: float = 0.0
     # the scores are q·k / sqrt(query_pre_attn_scalar), not / sqrt(head_dim): 224 in gemma-2-9b, 144 in 27b

@@ -151,7 +151,8 @@ class Gemma2Layer(nn.Module):
 class Gemma2Model(CausalDecoder):
     config_class = Gemma2Config
     mapping_table = GEMMA2
-    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained
+    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained,
+    # unless its rope scaling is made to go there (CausalDecoder.table_size)
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
 
     def __init__(self, config: Gemma2Config):

@@ -27,7 +27,7 @@ class GPTNeoXConfig(ModelConfig):
     # the rotary embedding turns the first rotary_pct of each head's dimensions, by angles position * base^(-2j/n)
     rotary_pct: float = 0.25
     rotary_emb_base: float = 10000.0
-    rope_scaling: dict | None = None  # None: the default; else linear, dynamic or llama3 (parts/rotary.py)
+    rope_scaling: dict | None = None  # None: the default; else a type of parts/rotary.py's ROPE_TYPES
     layer_norm_eps: float = 1e-5
     # attention and MLP both read the layer's input, and both outputs are added to it (every Pythia model); false:
     # the MLP reads the stream after attention, as in GPT-2

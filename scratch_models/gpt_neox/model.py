@@ -137,7 +137,8 @@ class GPTNeoXLayer(nn.Module):
 class GPTNeoXModel(CausalDecoder):
     config_class = GPTNeoXConfig
     mapping_table = GPT_NEOX
-    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained
+    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained,
+    # unless its rope scaling is made to go there (CausalDecoder.table_size)
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
 
     def __init__(self, config: GPTNeoXConfig):

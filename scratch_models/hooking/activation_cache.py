@@ -63,6 +63,8 @@ class ActivationCache(Mapping):
         # TransformerLens' names as they stood for this run: a module spliced in for it (a dictionary, see
         # scratch_models/dictionaries/splice.py) may be taken out before the cache is read
         self._lens_names = model.lens_names()
+        # the points of the dictionaries spliced in for this run (they may be gone when the cache is read)
+        self._spliced_points = {name for name in model.hook_points() if ".sae." in name}
 
     # ---- the mapping ----------------------------------------------------------------------------------------------
 
@@ -83,13 +85,13 @@ class ActivationCache(Mapping):
         if lens_name.endswith("_grad"):
             source = resolved.source + "_grad"
             if source not in self._tensors:
-                raise KeyError(f"{lens_name} (our {source}) is not cached: " + self._missing(source).split(": ", 1)[1])
+                raise KeyError(f"{lens_name} (our {source}) {self._why_missing(source)}")
             return resolved.show(self._tensors[source], self.model, batch)
         try:
             return resolved.read(self._tensors, self.model, batch)
         except KeyError as e:
             missing = e.args[0]
-            raise KeyError(f"{lens_name} (our {missing}) is not cached: " + self._missing(missing).split(": ", 1)[1])
+            raise KeyError(f"{lens_name} (our {missing}) {self._why_missing(missing)}")
 
     def __contains__(self, name) -> bool:
         try:
@@ -143,6 +145,10 @@ class ActivationCache(Mapping):
         return f"ActivationCache({len(names)} tensors from {type(self.model).__name__}: {shown})"
 
     def _missing(self, name: str) -> str:
+        return f"{name!r} {self._why_missing(name)}"
+
+    def _why_missing(self, name: str) -> str:
+        """Why `name` has no tensor here, as the end of a sentence that names it."""
         points = self.model.hook_points()
         base = name.removesuffix("_grad")
         lens = self._lens_names
@@ -150,12 +156,17 @@ class ActivationCache(Mapping):
             base = lens[base].source
         if base in points:
             if base != name:
-                return (f"{name!r} is not cached: gradients come from run_with_cache(..., incl_bwd=True, "
-                        f"metric=fn), for the names cached")
+                return ("is not cached: gradients come from run_with_cache(..., incl_bwd=True, metric=fn), for the "
+                        "names cached")
             why = " (an opt-in point: name it)" if points[base].opt_in else ""
-            return f"{name!r} is not cached: pass it in run_with_cache(names=[...]){why}"
+            return f"is not cached: pass it in run_with_cache(names=[...]){why}"
+        if base.endswith(".sae.error") and base in self._spliced_points:
+            return ("is not cached: the dictionary spliced there ran without the error term (error_term=False, "
+                    "SAELens' use_error_term=False), so it had no error")
+        if base in self._spliced_points:
+            return "is not cached: pass it in run_with_cache(names=[...]) while the dictionary is attached"
         close = difflib.get_close_matches(name, [*points, *lens], n=3, cutoff=0.5)
-        return f"{name!r} is not a hook point" + (f"; did you mean {', '.join(close)}?" if close else "")
+        return "is not a hook point" + (f"; did you mean {', '.join(close)}?" if close else "")
 
     # ---- stacking -------------------------------------------------------------------------------------------------
 

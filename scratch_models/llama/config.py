@@ -43,7 +43,7 @@ class LlamaLikeConfig(ModelConfig):
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # None: the default; else linear, dynamic or llama3 (parts/rotary.py)
+    rope_scaling: dict | None = None  # None: the default; else a type of parts/rotary.py's ROPE_TYPES
     attention_dropout: float = 0.0
     bos_token_id: int | None = 1
     eos_token_id: int | list | None = 2  # Llama 3.1's instruct files list several end tokens

@@ -129,7 +129,8 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(CausalDecoder):
     config_class = LlamaConfig
     mapping_table = LLAMA
-    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained
+    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained,
+    # unless its rope scaling is made to go there (CausalDecoder.table_size)
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
 
     def __init__(self, config: LlamaLikeConfig):

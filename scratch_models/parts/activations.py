@@ -36,6 +36,11 @@ def quick_gelu(x):
     return x * torch.sigmoid(1.702 * x)
 
 
+def relu2(x):
+    """ReLU squared (So et al., 2021, Primer): relu(x)²."""
+    return torch.square(F.relu(x))
+
+
 ACTIVATIONS = {
     "gelu": gelu,
     "gelu_new": gelu_new,
@@ -43,6 +48,12 @@ ACTIVATIONS = {
     "gelu_fast": gelu_fast,
     "quick_gelu": quick_gelu,
     "relu": F.relu,
+    "relu2": relu2,
+    "relu6": F.relu6,
+    "leaky_relu": F.leaky_relu,  # torch's default slope 0.01, as transformers' nn.LeakyReLU()
+    "mish": F.mish,  # x tanh(softplus(x)), torch's kernel as transformers calls it
+    "hardswish": F.hardswish,
+    "sigmoid": torch.sigmoid,
     "silu": F.silu,
     "swish": F.silu,
     "tanh": torch.tanh,

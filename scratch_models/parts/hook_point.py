@@ -49,7 +49,9 @@ class HookPoint(nn.Module):
 
     @property
     def active(self) -> bool:
-        return self.fn is not None
+        """Whether anything reads this point's tensor: a listener, or a module spliced in (an opt-in point is then
+        computed, as TransformerLens' switch would make it)."""
+        return self.fn is not None or self.spliced is not None
 
     @property
     def described(self) -> str:

@@ -14,6 +14,7 @@ from torch import nn
 from weight_mapping import ConfigError, MappingTable
 
 from ..lens.names import LensTable
+from ..parts.rotary import context as rotary_context
 from .known import refuse_unbuilt
 
 
@@ -233,12 +234,20 @@ class Family:
         if pairs and not self.pairs:
             raise ValueError(f"--pair: {self.name} has no sentence pairs (no token types)")
 
+    def position_limit(self, config) -> tuple[int, str]:
+        """(how many positions a model of `config` reads, the config's name for that number): its position table,
+        or as far as its rotary scaling is made for (parts/rotary.py's `context`, what the model's
+        table_size("position_ids") answers too)."""
+        limit = getattr(config, self.positions_field)
+        scaling = getattr(config, "rope_scaling", None)
+        return rotary_context(scaling, limit) if scaling else (limit, self.positions_field)
+
     def check_length(self, config, length: int, what: str) -> None:
         """A ValueError naming `what` when `length` tokens do not fit the model's position table."""
-        limit = getattr(config, self.positions_field)
+        limit, field = self.position_limit(config)
         if length > limit:
             raise ValueError(f"{what} is {length} tokens long; this model reads at most {limit} "
-                             f"(config.json {self.positions_field}={limit}): shorten it")
+                             f"(config.json {field}={limit}): shorten it")
 
     def config_of(self, checkpoint):
         """The checkpoint's config.json as the family's config. A config without model_type whose `architectures`

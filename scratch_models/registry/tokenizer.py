@@ -21,6 +21,7 @@ built elsewhere (the command line builds one from such files with transformers' 
 """
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -258,6 +259,18 @@ class Tokenizer:
         """Each id decoded on its own ("[CLS]", "##ing", " the"), as transformers' decode([id]) gives it."""
         return [self.backend.decode([i], skip_special_tokens=False) for i in self._id_list(ids)]
 
+    def shown_tokens(self, ids) -> list[str]:
+        """As str_tokens, for display: a token that holds part of a character (a byte-level BPE's piece of an
+        emoji or a CJK character, a byte-fallback `<0xE2>`), which decodes alone to the replacement character �,
+        is shown as its bytes instead ("\\xe2\\x80"), so pages tell such tokens apart."""
+        texts = self.str_tokens(ids)
+        for n, i in enumerate(self._id_list(ids)):
+            if "\ufffd" in texts[n]:
+                raw = _token_bytes(self.backend.id_to_token(i) or "")
+                if raw is not None:
+                    texts[n] = raw.decode("utf-8", errors="backslashreplace")
+        return texts
+
     def _id_list(self, ids) -> list[int]:
         """ids as a list of ints: one id, a list, or a tensor of one axis (or [1, s]); an id outside the vocabulary,
         which the tokenizers library would decode to nothing, is an error."""
@@ -422,3 +435,27 @@ def _special_ids(backend, configs: dict[str, dict], path: Path) -> dict[str, int
                 ids[role] = from_config
     return ids
 
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, read backwards: each of the 256 characters a byte-level BPE writes a byte as ->
+    that byte (printable Latin-1 bytes stand for themselves, the other 68 for the characters from U+0100 on, in
+    byte order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+BYTE_ALPHABET = _byte_alphabet()
+BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _token_bytes(token: str) -> bytes | None:
+    """The bytes a vocabulary entry stands for: a byte-fallback token `<0xE2>`, or a byte-level BPE's string of
+    alphabet characters; None for anything else."""
+    fallback = BYTE_FALLBACK.fullmatch(token)
+    if fallback:
+        return bytes([int(fallback[1], 16)])
+    if token and all(c in BYTE_ALPHABET for c in token):
+        return bytes(BYTE_ALPHABET[c] for c in token)
+    return None

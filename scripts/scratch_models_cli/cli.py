@@ -259,11 +259,11 @@ def _generate(args) -> int:
         raise ValueError(f"{opened.source}: generate continues a text with a causal language model ({CAUSAL}); this "
                          f"is a {family.title} checkpoint (fill-mask fills in a masked language model's masks)")
     input_ids = encode(opened, args.prompt, names=["the prompt"], device=args.device)[0]["input_ids"]
-    prompt, limit = input_ids.shape[1], getattr(opened.config, family.positions_field)
+    (prompt, (limit, field)) = input_ids.shape[1], family.position_limit(opened.config)
     if prompt + args.max_new_tokens > limit:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: the prompt's {prompt} tokens and "
                          f"{args.max_new_tokens} new ones need {prompt + args.max_new_tokens} positions; this model "
-                         f"has {family.positions_field}={limit}, so at most {limit - prompt} new tokens fit after "
+                         f"has {field}={limit}, so at most {limit - prompt} new tokens fit after "
                          "this prompt")
     lm = opened.load(family.lm, dtype=args.dtype, device=args.device)
     generator = torch.Generator(args.device).manual_seed(args.seed)

@@ -61,10 +61,14 @@ def add_parser(commands, model_help: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+# SAE.from_pretrained's keyword arguments -> the options of this command that set them
+LOADING_OPTIONS = {"hook_name": "--hook-name", "norm_scaling_factor": "--norm-scaling-factor"}
+
+
 def run(args) -> int:
     import os
 
-    from scratch_models.dictionaries import SAE
+    from scratch_models.dictionaries import SAE, DictionaryError
     from scratch_models.dictionaries.features import run_features
 
     at_least_one("--batch-size", args.batch_size)
@@ -72,8 +76,14 @@ def run(args) -> int:
     at_least_one("--samples", args.samples)
     at_least_one("--threads", args.threads)
     require_device(args.device)
-    sae = SAE.from_pretrained(args.dictionary, args.sae_id, hook_name=args.hook_name,
-                              norm_scaling_factor=args.norm_scaling_factor)
+    try:
+        sae = SAE.from_pretrained(args.dictionary, args.sae_id, hook_name=args.hook_name,
+                                  norm_scaling_factor=args.norm_scaling_factor)
+    except DictionaryError as e:  # the library names its keyword arguments; here they are this command's options
+        message = str(e)
+        for keyword, option in LOADING_OPTIONS.items():
+            message = message.replace(f"pass {keyword}=", f"pass {option}")
+        raise DictionaryError(message) from None
     _, summary = run_features(args.model, sae, args.data, args.out, overwrite=args.overwrite, device=args.device,
                               model_dtype=args.model_dtype, top_k=args.top_k, samples=args.samples,
                               window=tuple(args.window), pages=not args.no_pages, save_seconds=args.save_every,

@@ -57,9 +57,15 @@ def test_per_document_refuses_a_document_longer_than_the_model(tmp_path):
     docs = tokenized([[1, 2], [1, 2, 3, 4]])
     with pytest.raises(CorpusError, match=r"the given list of texts, row 1: 4 tokens, longer than the 3 this model "
                                           r"reads \(config.json n_positions=3\).*pack the corpus"):
-        list(per_document(docs, 3, "n_positions", corpus, False, {}))
+        list(per_document(docs, 3, "n_positions", corpus, False, {}, causal=True))
+    # BERT: packing is refused for it, so it is not offered; splitting the document is
+    with pytest.raises(CorpusError, match=r"row 1: 4 tokens, longer than the 3 this model reads \(config.json "
+                                          r"max_position_embeddings=3\): split it into documents of at most 3 tokens"
+                                          r".*packing is for causal models") as refused:
+        list(per_document(docs, 3, "max_position_embeddings", corpus, False, {}, causal=False))
+    assert "batching 'pack'" not in str(refused.value)
     counts = {}
-    out = list(per_document(tokenized([[5], [], [1, 0]]), 3, "n_positions", corpus, False, counts))
+    out = list(per_document(tokenized([[5], [], [1, 0]]), 3, "n_positions", corpus, False, counts, causal=True))
     assert [s.document for s in out] == [[0], [2, 2]] and counts == {"empty": 1}
     assert out[1].position == [0, 1] and out[1].special == [False, True]
 

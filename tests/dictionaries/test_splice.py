@@ -207,8 +207,8 @@ def test_a_hook_the_family_lacks_is_refused_with_the_closest(tiny_lm):
         tiny_lm.attach(random_sae("standard", 48, hook_name="blocks.1.hook_resid_psot"))
     with pytest.raises(DictionaryError, match=r"reads 'blocks.7.hook_resid_pre'"):  # a layer it does not have
         tiny_lm.attach(random_sae("standard", 48, hook_name="blocks.7.hook_resid_pre"))
-    with pytest.raises(DictionaryError, match=r"TransformerLens' blocks.0.ln1.hook_scale, which is our "
-                                              r"layers.0.norm_1.scale here, an opt-in point"):
+    with pytest.raises(DictionaryError, match=r"reads blocks.0.ln1.hook_scale with d_in 48; this GPT2LMHeadModel's "
+                                              r"layers.0.norm_1.scale holds 1 numbers per token"):
         tiny_lm.attach(random_sae("standard", 48, hook_name="blocks.0.ln1.hook_scale"))
     with pytest.raises(DictionaryError, match=r"our layers.0.attn.probs \[b, n, s, p \+ s\] has no single vector "
                                               r"per token"):

@@ -457,7 +457,7 @@ def test_config_reads_transformers_4_and_5_names_alike():
     ({"model_type": "gemma3_text"}, r"'gemma3_text' is Gemma 3 \(its text model\)"),
     ({"model_type": "gemma"}, "model_type is 'gemma', but Gemma2Config needs 'gemma2'"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 2.0}}, "rope type 'proportional' is not supported"),
     ({"num_key_value_heads": 3}, "num_attention_heads 8 is not a multiple of num_key_value_heads 3"),
     ({"layer_types": ["sliding_attention"] * 3}, "should name one of sliding_attention, full_attention for each of "
                                                   "the 26 layers"),

@@ -215,7 +215,7 @@ def test_generation_streams_and_stops_at_the_position_table(endless, family):
     with pytest.raises(ValueError, match=f"reaches position {limit}; this model has {field}={limit}"):
         model.generate(ids, attention_mask=mask, max_new_tokens=limit - 5)
     with pytest.raises(ValueError, match="top_k"):
-        model.generate(ids, attention_mask=mask, do_sample=True, top_k=0)
+        model.generate(ids, attention_mask=mask, do_sample=True, top_k=-1)
     with pytest.raises(ValueError, match=f"eos_token_id={vocab(family)}"):
         model.generate(ids, attention_mask=mask, eos_token_id=vocab(family))
 

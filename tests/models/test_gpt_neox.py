@@ -290,8 +290,8 @@ def test_config_reads_pythia_and_transformers_5_names_alike():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn' is not supported"),
-    ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope type 'longrope' is not supported"),
+    ({"rope_parameters": {"rope_type": "proportional", "factor": 2.0}}, "rope type 'proportional' is not supported"),
+    ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "'longrope' needs 'short_factor'"),
     ({"rope_scaling": {"type": "dynamic"}}, "rope scaling 'dynamic' needs 'factor'"),
     ({"rotary_pct": 1.5}, "rotary_pct is 1.5"),
     ({"rotary_pct": 0.3}, r"int\(head size 64 x rotary_pct 0.3\) = 19 is odd"),

@@ -295,15 +295,17 @@ def test_float32_report_is_bitwise_on_every_row(tmp_path, family):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope type 'longrope' is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": "32"}}, "'yarn' has 'beta_fast', which "
+                                                                                "should be a positive number"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "'longrope' needs 'short_factor'"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}, "rope type 'proportional' is not supported"),
     ({"num_key_value_heads": 5}, "num_attention_heads 32 is not a multiple of num_key_value_heads 5"),
     ({"num_attention_heads": 7, "num_key_value_heads": 7}, "hidden_size 4096 is not divisible by "
                                                            "num_attention_heads 7, and no head_dim is given"),
     ({"head_dim": 127}, "head_dim 127 is odd"),
     ({"eos_token_id": [128001, "end"]}, "field 'eos_token_id' lists"),
     ({"eos_token_id": "end"}, "field 'eos_token_id' should be int or list or null"),
-    ({"hidden_act": "relu2"}, "hidden_act='relu2' is not supported"),
+    ({"hidden_act": "xielu"}, "hidden_act='xielu' is not supported"),
     ({"model_type": "mistral"}, "model_type is 'mistral', but LlamaConfig needs 'llama'"),
 ])
 def test_config_refusals_name_the_field(changes, message):
