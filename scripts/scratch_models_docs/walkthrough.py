@@ -117,6 +117,21 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+# the lines a reader runs to make a section's numbers; tests/docs/test_walkthrough.py runs each block and finds every
+# number it prints on the page
+SETUP = f"""import torch
+from scratch_models import BertModel
+
+torch.set_printoptions(precision=4, sci_mode=False)  # the page's four decimals
+model = BertModel.from_pretrained("minilm", dtype=torch.float64)  # float64: the same digits on every machine
+batch = model.tokenizer("{SENTENCE_A}", "{SENTENCE_B}")"""
+
+
+def _lines(code: str) -> str:
+    """A section's numbers, as the lines that make them: SETUP, then `code`."""
+    return f"**The lines that make them.**\n\n```python\n{SETUP}\n{code.strip()}\n```"
+
+
 def _key_table(table: MappingTable, modules: list[str], shape_of, saved_column: str, shape_column: str) -> str:
     """Checkpoint keys, their spelling in a checkpoint saved with heads, our parameter, shape (at layer 0)."""
     legacy = {current: old for old, current in table.legacy_leaf_names.items()}  # for rows marked legacy
@@ -248,6 +263,16 @@ def _attention_section(runs: Runs, images: Path | None) -> str:
     if images is not None:
         capture = AttentionCapture.from_cache(cache, runs.tokens, sentence_b_start=b_start)
         head_png(capture, LAYER, HEAD, title="all-MiniLM-L6-v2").save(images / IMAGES["head"])
+    lines = _lines(f"""
+names = ["{at}.q", "{at}.k", "{at}.scores", "{at}.probs"]
+_, cache = model.run_with_cache(**batch, names=names)
+q, k = cache["{at}.q"][0, {HEAD}], cache["{at}.k"][0, {HEAD}]  # head {HEAD}: [tokens, head size]
+print(q[{query}, :4], k[{query}, :4])  # the query of the second `flies` (position {query}), and its own key
+print(q[{query}] @ k.T)  # the column q·k
+print(cache["{at}.scores"][0, {HEAD}, {query}])  # q·k / √d
+print(cache["{at}.probs"][0, {HEAD}, {query}])  # softmax
+print(torch.softmax(q[{query}] @ k.T, -1))  # softmax without √d
+""")
     return f"""## 1. Scaled dot-product attention, and why it divides by √d
 
 Every token asks a question (its query $`q`$), offers a label (its key $`k`$) and carries content (its value
@@ -288,6 +313,8 @@ attention, key by key: the raw dot product, the score after dividing by $`\\sqrt
 row would get without the division:
 
 {_table(["key", "q·k", "q·k / √d", "softmax", "softmax without √d"], rows)}
+
+{lines}
 
 Besides `[CLS]`, this head links words across the two sentences: the second `flies` spends
 {_num(probs[runs.tokens.index("flies")])} of its attention on the first one, and the strongest link from each
@@ -511,6 +538,12 @@ def _layernorm_section(runs: Runs) -> str:
     rows = [[str(i), spread(f"layers.{i}.attn.resid"), spread(f"layers.{i}.attn.out"),
              spread(f"layers.{i}.mlp.resid"), spread(f"layers.{i}.out")]
             for i in range(runs.model.config.num_hidden_layers)]
+    lines = _lines("""
+_, cache = model.run_with_cache(**batch, names=["layers.*.attn.resid", "layers.*.attn.out", "layers.*.mlp.resid",
+                                                "layers.*.out"])
+for name in ("attn.resid", "attn.out", "mlp.resid", "out"):  # the table's columns, a layer a row
+    print(name, cache.stack(f"layers.*.{name}")[:, 0].std(-1, correction=0).mean(-1))
+""")
     return f"""## 4. Where the LayerNorm goes: post-LN (BERT) and pre-LN (GPT-2)
 
 LayerNorm rescales each token's vector to mean 0 and variance 1 across the hidden size, then applies a learned
@@ -563,6 +596,8 @@ it is back to a scale set by the learned $`\\gamma`$, layer after layer:
 
 {_table(["layer", "attn.resid (x + attention)", "attn.out (after LN)", "mlp.resid (x + MLP)",
          "out (after LN)"], rows)}
+
+{lines}
 
 For GPT-2 this would need real weights: in a trained pre-LN model the residual stream is never renormalised and
 typically grows from block to block, which is why `ln_f` is needed before the LM head (see `hidden_states[-1]`
@@ -627,6 +662,14 @@ def _gelu_section(runs: Runs, images: Path | None) -> str:
     if images is not None:
         _gelu_png(images / IMAGES["gelu"], pre)
     config = runs.model.config
+    lines = _lines(f"""
+from scratch_models.parts import activations  # gelu, gelu_new, ... by the names configs use
+
+x = torch.tensor([{", ".join(f"{float(x):g}" for x in grid)}], dtype=torch.float64)
+print(activations.gelu(x), activations.gelu_new(x), torch.relu(x))  # the table's columns
+_, cache = model.run_with_cache(**batch, names=["layers.0.mlp.pre_act", "layers.0.mlp.post_act"])
+print(cache["layers.0.mlp.pre_act"][0, {query}, :4], cache["layers.0.mlp.post_act"][0, {query}, :4])
+""")
     return f"""## 6. GELU and its tanh approximation
 
 The MLP between attention blocks is $`W_2\\,\\mathrm{{act}}(W_1 x + b_1) + b_2`$, widening each token to
@@ -665,6 +708,8 @@ Both are kept, so that each checkpoint computes exactly what transformers comput
 **Real numbers.** A few points of each curve:
 
 {_table(["x", "gelu (exact)", "gelu_new (tanh)", "relu"], rows)}
+
+{lines}
 
 In MiniLM's layer 0, the second `flies` has {pre.shape[-1]} pre-activations (`layers.0.mlp.pre_act`); its
 first four are {_vec(values)}, and after the exact GELU (`layers.0.mlp.post_act`) they are

@@ -55,7 +55,8 @@ def test_every_picture_the_page_references_is_committed_as_a_png():
 def test_every_excerpt_is_the_source_at_the_lines_it_links():
     page = PAGE.read_text(encoding="utf-8")
     found = list(EXCERPT.finditer(page))
-    assert len(found) == page.count("```python\n") >= 15, "a code block without its source link"
+    runnable = page.count("**The lines that make them.**\n\n```python\n")  # a reader's lines, not an excerpt
+    assert len(found) == page.count("```python\n") - runnable >= 15, "a code block without its source link"
     for match in found:
         lines = (REPO / match["path"]).read_text(encoding="utf-8").splitlines(keepends=True)
         first, last = int(match["first"]), int(match["last"] or match["first"])
@@ -129,3 +130,24 @@ def test_where_to_go_next_names_what_is_there():
     for name in FAMILIES:
         assert f"`weight_mapping/{name}.py`" in section and (REPO / "weight_mapping" / f"{name}.py").is_file()
     assert "(tutorial.ipynb)" in section and "scratch-models tiny FAMILY DIR" in section
+
+
+def test_the_lines_beside_the_numbers_make_them():
+    """Each 'lines that make them' block runs as written and prints numbers the page shows: a reader who copies it
+    gets the table beside it (a wrong index or hook name would print numbers the page does not have)."""
+    import contextlib
+    import io
+    import re
+
+    page = PAGE.read_text(encoding="utf-8")
+    blocks = re.findall(r"\*\*The lines that make them\.\*\*\n\n```python\n(.*?)```", page, flags=re.S)
+    assert len(blocks) >= 3
+    shown = set(re.findall(r"-?\d+\.\d{4}", page))
+    for code in blocks:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "the walkthrough's lines", "exec"), {"__name__": "__walkthrough__"})
+        printed = re.findall(r"-?\d+\.\d{4}", out.getvalue())
+        assert len(printed) >= 8, out.getvalue()
+        missing = [n for n in printed if n not in shown and n.replace("-", "", 1) not in shown]
+        assert not missing, (missing, code)
