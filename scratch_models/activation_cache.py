@@ -143,8 +143,14 @@ class ActivationCache(Mapping):
             return None
         points, names = self.model.hook_points(), self.model.lens_names()
         held = [name for name, resolved in names.items() if resolved.cached_from in self._tensors
-                and self.model.lens_offers(resolved, points) and (self._asked is None or name in self._asked)]
+                and self._offered(resolved, points) and (self._asked is None or name in self._asked)]
         return held + [f"{name}_grad" for name in held if f"{names[name].source}_grad" in self._tensors]
+
+    def _offered(self, resolved, points) -> bool:
+        """Whether TL would have called `resolved` in this run: a copy of the stream as its switch stood then."""
+        if isinstance(resolved.entry, Fork):
+            return self._switches[resolved.entry.flag]
+        return self.model.lens_offers(resolved, points)
 
     def __repr__(self) -> str:
         names = list(self._tensors)

@@ -126,10 +126,11 @@ def test_text_longer_than_n_ctx_is_cut_as_the_bridge_cuts_it(built, family, toke
     then takes away), and so does a call on text. Before, the text went in whole: past the position table."""
     _, ours, bridge = built(family, tokenizer_class)
     for bos in (None, True, False):
-        for text in (LONG, [LONG, SHORT]):
-            tokens = ours.to_tokens(text, prepend_bos=bos)
-            assert torch.equal(tokens, bridge.to_tokens(text, prepend_bos=bos)), (bos, text)
-            assert tokens.shape[1] <= ours.cfg.n_ctx
+        for text in (LONG, [LONG, SHORT], [TEXTS[0], SHORT]):
+            for side in (None, "left", "right"):
+                tokens = ours.to_tokens(text, prepend_bos=bos, padding_side=side)
+                assert torch.equal(tokens, bridge.to_tokens(text, prepend_bos=bos, padding_side=side)), (bos, side)
+                assert tokens.shape[1] <= ours.cfg.n_ctx
     assert ours.to_tokens(LONG, truncate=False).shape[1] > ours.cfg.n_ctx
     with torch.no_grad():
         agree(ours(LONG), bridge(LONG), "logits")
@@ -163,8 +164,17 @@ def test_a_default_cache_holds_what_the_bridge_s_holds(built, family):
     assert off == expected
     assert not any(off[f"blocks.0.{name}"] for name in ("hook_q_input", "hook_attn_in", "hook_mlp_in")
                    if f"blocks.0.{name}" in off and f"blocks.{{i}}.{name}" not in FAMILIES[family].transformer_lens.hooks)
+    with torch.no_grad():
+        _, before = ours.run_with_cache(tokens)
+        ours.set_use_split_qkv_input(True)
+        _, during = ours.run_with_cache(tokens)
+        ours.set_use_split_qkv_input(False)
+    # a cache keeps the switch as it stood for its run
     with pytest.raises(KeyError, match="set_use_split_qkv_input.True. turns on, and use_split_qkv_input was off"):
-        ours.run_with_cache(tokens)[1]["blocks.0.hook_q_input"]
+        before["blocks.0.hook_q_input"]
+    if "blocks.0.hook_q_input" in ours.lens_names():  # (BERT's attention has no copies to switch on)
+        assert "blocks.0.hook_q_input" in list(during) and during["blocks.0.hook_q_input"].shape[-2] == ours.cfg.n_heads
+        assert "blocks.0.hook_q_input" not in list(before) and len(during.cache_dict) == len(during)
     for switch in SWITCHES:
         if not supported(bridge, switch):
             continue
