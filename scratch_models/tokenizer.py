@@ -41,6 +41,17 @@ _TRUNCATING = threading.Lock()  # held while a call truncates with a tokenizer's
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
 
 
+class _DialectDefault:
+    """What a call returns unless told (return_tensors): tensors ("pt") here, lists (None) from TransformerLens'
+    tokenizer, as transformers'."""
+
+    def __repr__(self) -> str:
+        return "'pt' (TransformerLens' tokenizer: None)"
+
+
+DIALECT_DEFAULT = _DialectDefault()
+
+
 class NoTokenizerJson(ValueError):
     """The checkpoint has no tokenizer.json (perhaps only vocab files, which transformers' tokenizers read)."""
 
@@ -234,7 +245,7 @@ class Tokenizer:
 
     def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str | None = None,
                  prepend_bos: bool | None = None, add_special_tokens: bool = True, device=None,
-                 return_tensors=..., padding: bool | str = True, truncation: bool = False,
+                 return_tensors=DIALECT_DEFAULT, padding: bool | str = True, truncation: bool = False,
                  max_length: int | None = None) -> "Encoding":
         """A batch as model inputs: input_ids and attention_mask [b, s] (and token_type_ids for BERT), padded on
         `padding_side` (default `self.padding_side`: "right", transformers' default, or "left", which generate
@@ -246,7 +257,7 @@ class Tokenizer:
         `padding` True / "longest" (the default here) or "max_length" (to `max_length`), False / "do_not_pad"
         refusing texts of different lengths; `truncation` cuts each sequence to `max_length` tokens, the special
         tokens (the template's and a BOS added) kept."""
-        if return_tensors is ...:
+        if return_tensors is DIALECT_DEFAULT:
             return_tensors = None if self.transformer_lens else "pt"
         if return_tensors not in ("pt", None):
             raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer returns lists (None) or torch tensors "
