@@ -266,8 +266,8 @@ class TransformerLensMixin:
     def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Text given in place of input_ids (positionally, as `input_ids` or as TL's `input`) turned into token ids
         with the model's tokenizer as to_tokens does it (cut to the model's positions), with `prepend_bos` (default:
-        `default_prepend_bos`) and `padding_side`; texts of different lengths get their attention_mask. Token ids pass as they are (prepend_bos then means nothing,
-        as in TL)."""
+        `default_prepend_bos`) and `padding_side`; texts of different lengths get their attention_mask. Token ids
+        pass as they are (prepend_bos then means nothing, as in TL)."""
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", None)
         padding_side = kwargs.pop("padding_side", None)
@@ -282,7 +282,7 @@ class TransformerLensMixin:
         text = args[0] if args else kwargs.pop("input_ids")
         batch = self._tokenizer()(text, prepend_bos=self.default_prepend_bos if prepend_bos is None else prepend_bos,
                                   padding_side=padding_side, device=self._device(), return_tensors="pt",
-                                  **self._truncation(True))
+                                  padding=True, **self._truncation(True))
         for name in ("attention_mask", "token_type_ids"):
             if name in kwargs and name in batch:
                 raise ValueError(f"{name} is made by the tokenizer from the text: give token ids to pass your own")

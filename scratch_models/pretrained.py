@@ -183,7 +183,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         (TransformerLens' default): each text cut to the model's positions (cfg.n_ctx), as TL cuts it."""
         batch = self._tokenizer()(text, pair, prepend_bos=self._prepend_bos(prepend_bos), padding_side=padding_side,
                                   device=self._device() if move_to_device else None, return_tensors="pt",
-                                  **self._truncation(truncate))
+                                  padding=True, **self._truncation(truncate))
         return batch["input_ids"]
 
     def _truncation(self, truncate: bool) -> dict:

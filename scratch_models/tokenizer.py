@@ -19,13 +19,16 @@ template puts first. It also answers what TransformerLens code asks of a transfo
 `__call__(..., return_tensors="pt", padding=True)`.
 
 The tokenizer of a model loaded with `transformer_lens=True` is the one TransformerLens' TransformerBridge sets up
-(`use_transformer_lens`): it loads the checkpoint's tokenizer with transformers' `add_bos_token=True`, so a tokenizer
-that names a BOS token starts every text with it (GPT-2's, Pythia's; Qwen's names none, BERT's [CLS] is there
-already), in `encode` and calls alike (`prepends_bos` then says so, as TL's cfg.tokenizer_prepends_bos); the EOS token
-stands in for a missing pad or BOS token; and a call returns transformers' lists unless `return_tensors="pt"` (one
-text: a flat list of ids). Without it (our dialect) a call returns tensors [b, s], and the template is left as it is. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
-NoTokenizerJson (a ValueError) that says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline
-built elsewhere (the command line builds one from such files with transformers' converters).
+(`use_transformer_lens`): it loads the checkpoint's tokenizer with transformers' `add_bos_token=True`, so a
+tokenizer that names a BOS token starts every text with it (GPT-2's, Pythia's; Qwen's names none, BERT's [CLS] is
+there already), in `encode` and calls alike (`prepends_bos` then says so, as TL's cfg.tokenizer_prepends_bos); the
+EOS token stands in for a missing pad or BOS token; and a call returns transformers' lists, unpadded, unless
+`return_tensors="pt"` / `padding=True` (one text: a flat list of ids). Without it (our dialect) a call returns
+tensors [b, s], padded, and the template is left as it is.
+
+A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a NoTokenizerJson (a ValueError) that
+says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline built elsewhere (the command line builds
+one from such files with transformers' converters).
 """
 
 import json
@@ -42,14 +45,20 @@ VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
 
 
 class _DialectDefault:
-    """What a call returns unless told (return_tensors): tensors ("pt") here, lists (None) from TransformerLens'
-    tokenizer, as transformers'."""
+    """A call's default that differs by dialect: ours, or transformers' for TransformerLens' tokenizer (whose calls
+    return lists, unpadded, as a transformers tokenizer's do)."""
+
+    def __init__(self, ours, transformers_):
+        self.ours, self.transformers = ours, transformers_
 
     def __repr__(self) -> str:
-        return "'pt' (TransformerLens' tokenizer: None)"
+        return f"{self.ours!r} (TransformerLens' tokenizer: {self.transformers!r})"
+
+    def of(self, tokenizer: "Tokenizer"):
+        return self.transformers if tokenizer.transformer_lens else self.ours
 
 
-DIALECT_DEFAULT = _DialectDefault()
+TENSORS, PADDING = _DialectDefault("pt", None), _DialectDefault(True, False)
 
 
 class NoTokenizerJson(ValueError):
@@ -245,7 +254,7 @@ class Tokenizer:
 
     def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str | None = None,
                  prepend_bos: bool | None = None, add_special_tokens: bool = True, device=None,
-                 return_tensors=DIALECT_DEFAULT, padding: bool | str = True, truncation: bool = False,
+                 return_tensors=TENSORS, padding: bool | str = PADDING, truncation: bool = False,
                  max_length: int | None = None) -> "Encoding":
         """A batch as model inputs: input_ids and attention_mask [b, s] (and token_type_ids for BERT), padded on
         `padding_side` (default `self.padding_side`: "right", transformers' default, or "left", which generate
@@ -253,12 +262,15 @@ class Tokenizer:
         end-of-text token: the mask marks it either way. `prepend_bos` as in the module's doc.
 
         transformers' arguments, as TransformerLens passes them: `return_tensors` "pt" (the default here) or None
-        (TransformerLens' tokenizer's default, as transformers': lists, one flat list per key for one text);
-        `padding` True / "longest" (the default here) or "max_length" (to `max_length`), False / "do_not_pad"
-        refusing texts of different lengths; `truncation` cuts each sequence to `max_length` tokens, the special
-        tokens (the template's and a BOS added) kept."""
-        if return_tensors is DIALECT_DEFAULT:
-            return_tensors = None if self.transformer_lens else "pt"
+        (lists, one flat list per key for one text); `padding` True / "longest" (the default here) or "max_length"
+        (to `max_length`), False / "do_not_pad" (texts of different lengths then give lists of their own lengths,
+        and are refused as tensors); `truncation` cuts each sequence to `max_length` tokens, the special tokens (the
+        template's and a BOS added) kept. TransformerLens' tokenizer defaults to transformers' return_tensors=None
+        and padding=False."""
+        if isinstance(return_tensors, _DialectDefault):
+            return_tensors = return_tensors.of(self)
+        if isinstance(padding, _DialectDefault):
+            padding = padding.of(self)
         if return_tensors not in ("pt", None):
             raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer returns lists (None) or torch tensors "
                              "('pt') only")
@@ -294,6 +306,10 @@ class Tokenizer:
             encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
         rows = [self._with_bos(e.ids, prepend_bos, add_special_tokens, e.type_ids) for e in encodings]
         longest = max(len(ids) for ids, _ in rows)
+        if pad_to == "none" and return_tensors is None:  # transformers' lists, each of its own length
+            batch = {"input_ids": [ids for ids, _ in rows], "attention_mask": [[1] * len(ids) for ids, _ in rows],
+                     "token_type_ids": [types for _, types in rows]}
+            return self._as_lists(batch, text)
         if pad_to == "none" and any(len(ids) < longest for ids, _ in rows):
             raise ValueError("these texts have different token counts and padding=False: a batch of them needs "
                              "padding (padding=True)")
@@ -305,12 +321,17 @@ class Tokenizer:
             for key, values, padding in (("input_ids", ids, pad), ("attention_mask", [1] * len(ids), 0),
                                          ("token_type_ids", types, 0)):
                 batch[key].append(values + [padding] * fill if padding_side == "right" else [padding] * fill + values)
+        if return_tensors is None:
+            return self._as_lists(batch, text)
         if not self.token_type_ids:
             del batch["token_type_ids"]
-        if return_tensors is None:  # transformers' lists: one text gives its own, not a batch of one
-            return Encoding({key: rows[0] if isinstance(text, str) else rows for key, rows in batch.items()})
         # dtype given: a batch of empty texts would otherwise come out as float
         return Encoding({key: torch.tensor(values, dtype=torch.long, device=device) for key, values in batch.items()})
+
+    def _as_lists(self, batch: dict, text) -> "Encoding":
+        """transformers' lists: one text gives its own, not a batch of one."""
+        return Encoding({key: rows[0] if isinstance(text, str) else rows for key, rows in batch.items()
+                         if key != "token_type_ids" or self.token_type_ids})
 
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         """The text of a sequence of ids (special tokens kept unless skipped); `clean_up_tokenization_spaces` as

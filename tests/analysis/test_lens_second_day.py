@@ -587,7 +587,7 @@ def test_generate_on_text_returns_text_as_the_bridge(built, family):
     for prompt in (TEXTS[0], [TEXTS[0], SHORT]):
         tokens = bridge.to_tokens(prompt, padding_side="left")
         batch = ours.tokenizer(prompt, prepend_bos=ours.cfg.default_prepend_bos, padding_side="left",
-                               return_tensors="pt")
+                               return_tensors="pt", padding=True)
         mask = batch["attention_mask"]
         assert torch.equal(batch["input_ids"], tokens)
         expected = hf.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False,
@@ -653,7 +653,8 @@ def test_the_tokenizer_answers_what_tl_asks_of_a_transformers_tokenizer(built, f
     cut = tokenizer(list(TEXTS), truncation=True, max_length=4)["input_ids"]
     assert cut == theirs(list(TEXTS), truncation=True, max_length=4)["input_ids"]
     with pytest.raises(ValueError, match="different token counts and padding=False"):
-        tokenizer([TEXTS[0], SHORT], padding=False)
+        tokenizer([TEXTS[0], SHORT], padding=False, return_tensors="pt")
+    assert dict(tokenizer([TEXTS[0], SHORT], padding=False)) == dict(theirs([TEXTS[0], SHORT], padding=False))
     with pytest.raises(ValueError, match=r"returns lists \(None\) or torch tensors \('pt'\) only"):
         tokenizer(TEXTS[0], return_tensors="np")
     # tokenizer_config.json's padding_side is the tokenizer's, as transformers reads it
