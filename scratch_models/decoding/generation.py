@@ -259,7 +259,8 @@ class GenerationMixin:
                                  "own")
             batch = self._tokenizer()([input_ids] if isinstance(input_ids, str) else list(input_ids),
                                       prepend_bos=self.default_prepend_bos if prepend_bos is None else prepend_bos,
-                                      padding_side="left", device=self._device())
+                                      padding_side="left", device=self._device(), return_tensors="pt",
+                                      padding=True)
             input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         settings = self._generation_settings(max_new_tokens=max_new_tokens, do_sample=do_sample,
                                              temperature=temperature, top_k=top_k, top_p=top_p,

@@ -13,8 +13,9 @@ from .task_heads import Gemma2ForSequenceClassification, Gemma2ForTokenClassific
 class Gemma2Stream(PreLNStream):
     """Pre-norm, with a second norm on each sublayer's output: the stream is a running sum of the scaled token
     embeddings and every attention and MLP output through its post-norm (`attn_out`, `mlp_out`). A head's part of
-    the stream is its result through the post-attention norm, whose divisor is the whole attention output's. The
-    read-out caps the logits softly, so direct logit attribution splits the scores before the cap."""
+    the stream is its result through the post-attention norm, whose divisor is the whole attention output's (a
+    neuron's, its output through the post-MLP norm). The read-out caps the logits softly, so direct logit
+    attribution splits the scores before the cap."""
 
     embed_parts = (("embed", "embeddings.out"),)
     attributed_logits = "uncapped_logits"
@@ -27,6 +28,9 @@ class Gemma2Stream(PreLNStream):
 
     def attn_out_norm(self, layer):
         return f"layers.{layer}.attn.proj", self.model.layers[layer].post_attn_norm
+
+    def mlp_out_norm(self, layer):
+        return f"layers.{layer}.mlp.proj", self.model.layers[layer].post_mlp_norm
 
     def out_weight(self, layer):
         return self.model.layers[layer].attn.o_proj.weight.T

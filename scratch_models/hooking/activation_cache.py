@@ -8,8 +8,9 @@ with respect to each cached tensor. `cache.remove_batch_dim(row, trim_padding=Tr
 its padding, left or right.
 
 The helpers keep TransformerLens' names, arguments and meanings (`accumulated_resid`, `decompose_resid`,
-`stack_head_results`, `apply_ln_to_stack`, `logit_lens`, `logit_attrs`, `remove_batch_dim`, labels such as `0_pre`,
-`3_attn_out`, `L2H5`), so code carries over; the tensors are ours (`layers.3.attn.probs` is [b, n, s, s], TL's `hook_pattern`).
+`stack_head_results`, `get_neuron_results`, `stack_neuron_results`, `get_full_resid_decomposition`,
+`apply_ln_to_stack`, `logit_lens`, `logit_attrs`, `remove_batch_dim`, labels such as `0_pre`, `3_attn_out`, `L2H5`,
+`L1N7`), so code carries over; the tensors are ours (`layers.3.attn.probs` is [b, n, s, s], TL's `hook_pattern`).
 
 GPT-2 is pre-LN: the residual stream is a running sum, so the embeddings and every attention and MLP output add up
 to it exactly, up to any layer. BERT is post-LN: each sublayer's sum is renormalised at once, so no sum of
@@ -33,6 +34,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from ..lens.forks import Fork
 from ..lens.names import get_act_name
 from ..parts.attention import head_results
 
@@ -65,6 +67,9 @@ class ActivationCache(Mapping):
         self._lens_names = model.lens_names()
         # the points of the dictionaries spliced in for this run (they may be gone when the cache is read)
         self._spliced_points = {name for name in model.hook_points() if ".sae." in name}
+        # TransformerLens' switches that offer copies of the stream (hook_q_input ...), as they stood for this run
+        self._switches = {flag: model.lens_flag(flag) for flag in
+                          {r.entry.flag for r in self._lens_names.values() if isinstance(r.entry, Fork)}}
 
     # ---- the mapping ----------------------------------------------------------------------------------------------
 
@@ -81,6 +86,11 @@ class ActivationCache(Mapping):
             raise KeyError(self._missing(name if isinstance(name, str) else lens_name or repr(name))) from None
         if resolved.source is None:
             raise KeyError(f"TransformerLens' {resolved.name} has no counterpart here: {resolved.entry.reason}")
+        if isinstance(resolved.entry, Fork) and not self._switches[resolved.entry.flag]:
+            # as in TL, whose cache holds such a copy only when the run made it
+            flag = resolved.entry.flag
+            raise KeyError(f"{lens_name} is not cached: TransformerLens' copy of the stream that "
+                           f"model.set_{flag}(True) turns on, and {flag} was off for this run")
         batch = self._batch_size() if self.has_batch_dim else None
         if lens_name.endswith("_grad"):
             source = resolved.source + "_grad"
@@ -136,8 +146,14 @@ class ActivationCache(Mapping):
             return None
         points, names = self.model.hook_points(), self.model.lens_names()
         held = [name for name, resolved in names.items() if resolved.cached_from in self._tensors
-                and self.model.lens_offers(resolved, points) and (self._asked is None or name in self._asked)]
+                and self._offered(resolved, points) and (self._asked is None or name in self._asked)]
         return held + [f"{name}_grad" for name in held if f"{names[name].source}_grad" in self._tensors]
+
+    def _offered(self, resolved, points) -> bool:
+        """Whether TL would have called `resolved` in this run: a copy of the stream as its switch stood then."""
+        if isinstance(resolved.entry, Fork):
+            return self._switches[resolved.entry.flag]
+        return self.model.lens_offers(resolved, points)
 
     def __repr__(self) -> str:
         names = list(self._tensors)
@@ -330,12 +346,7 @@ class ActivationCache(Mapping):
 
     def _head_part(self, layer: int) -> torch.Tensor:
         """[b, s, n, h]: each head's part of the stream (see stack_head_results)."""
-        result = self._head_result(layer)
-        normalised = self._stream().attn_out_norm(layer)
-        if normalised is None:
-            return result
-        read, norm = normalised
-        return norm.frozen(result, norm.divisor(self[read]).unsqueeze(-2))
+        return self._through_out_norm(self._head_result(layer), self._stream().attn_out_norm(layer), None, True)
 
     def _head_result(self, layer: int) -> torch.Tensor:
         name = f"layers.{layer}.attn.result"
@@ -344,6 +355,121 @@ class ActivationCache(Mapping):
             self._tensors[name] = head_results(context.transpose(-3, -2), self._stream().out_weight(layer))
             self._tensors = {n: self._tensors[n] for n in sorted(self._tensors, key=self._order())}
         return self._tensors[name]
+
+    # ---- neurons and the whole stream -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def get_neuron_results(self, layer: int, neuron_slice: PosSlice = None, pos_slice: PosSlice = None,
+                           project_output_onto: torch.Tensor | None = None) -> torch.Tensor:
+        """Each neuron's part of what `layer`'s MLP adds to the stream, [(b), s, m, h]: its activation (TL's
+        `mlp.hook_post`, what the output projection reads) times its row of W_out, and in a family that normalises
+        the MLP's output on its way into the stream (Gemma 2) that through the norm with its divisor frozen at the
+        whole output's. They sum, plus b_out (through that norm), to the MLP's `mlp_out`. `neuron_slice` and
+        `pos_slice` as TransformerLens' Slice (an int drops the axis, a tuple is a slice's arguments, a list or
+        tensor picks); `project_output_onto`: [h] or [h, k], the last axis projected on it (dropped for [h])."""
+        acts = _pos(_pos(self[f"blocks.{layer}.mlp.hook_post"], pos_slice, -2), neuron_slice, -1)
+        w_out = _pos(self.model.lens_attribute(f"blocks.{layer}.mlp.W_out"), neuron_slice, 0)
+        results = self._through_out_norm(acts[..., None] * w_out, self._stream().mlp_out_norm(layer), pos_slice,
+                                         per_part=not isinstance(neuron_slice, int))
+        return _projected(results, project_output_onto)
+
+    @torch.no_grad()
+    def stack_neuron_results(self, layer: int | None = None, pos_slice: PosSlice = None,
+                             neuron_slice: PosSlice = None, return_labels: bool = False,
+                             incl_remainder: bool = False, apply_ln: bool = False,
+                             project_output_onto: torch.Tensor | None = None, mlp_input: bool = False):
+        """Every neuron's part of the stream (get_neuron_results) for each layer l < `layer` (None or -1: all),
+        [l * m, (b), s, h], labelled `L{l}N{n}`; an int `neuron_slice` keeps that neuron's axis. `incl_remainder`
+        adds `remainder`, the stream `decompose_resid(layer, mlp_input)` decomposes (the one layer's attention
+        reads, or with mlp_input its MLP) less the neurons' sum, so the stack sums to it; `apply_ln` as in
+        `apply_ln_to_stack` with that layer's norm; then `project_output_onto` as in get_neuron_results.
+        TransformerLens' stack_neuron_results. BERT refuses incl_remainder and apply_ln, as stack_head_results."""
+        stream = self._stream()
+        layer = self._layer(layer)
+        if stream.post_ln and (incl_remainder or apply_ln):
+            raise ValueError("incl_remainder and apply_ln decompose a residual stream, and BERT's neurons of several "
+                             "layers sum to none (post-LN: each layer's sum is renormalised)")
+        if incl_remainder:
+            self._check_additive("stack_neuron_results(incl_remainder=True)")
+        if isinstance(neuron_slice, int):
+            neuron_slice = [neuron_slice]  # the layers' neurons are stacked on that axis: it stays
+        total = stream.decomposition(layer, mlp_input)[1]
+        picked = _pos(torch.arange(self.model.lens_attribute("blocks.0.mlp.W_out").shape[0]), neuron_slice, 0)
+        labels = [f"L{l}N{n}" for l in range(layer) for n in picked.tolist()]
+        if layer:
+            stack = torch.cat([self.get_neuron_results(l, neuron_slice, pos_slice) for l in range(layer)], dim=-2)
+            stack = stack.movedim(-2, 0)
+        else:
+            stack = self._stack_parts([], total, pos_slice)
+        if incl_remainder:
+            stack = torch.cat([stack, (_pos(self[total], pos_slice, -2) - stack.sum(0))[None]])
+            labels.append("remainder")
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice)
+        stack = _projected(stack, project_output_onto)
+        return (stack, labels) if return_labels else stack
+
+    @torch.no_grad()
+    def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
+                                     expand_neurons: bool = True, apply_ln: bool = False, pos_slice: PosSlice = None,
+                                     return_labels: bool = False, project_output_onto: torch.Tensor | None = None):
+        """The stream `layer` reads (None or -1: the final one; `mlp_input`: the one its MLP reads) as the sum of
+        every head's part (stack_head_results, `L{l}H{h}`), every neuron's (stack_neuron_results, `L{l}N{n}`; with
+        `expand_neurons=False` each MLP's output, `{l}_mlp_out`), the embeddings (`embed`, and `pos_embed` where
+        positions are learned) and `bias`, the output projections' biases of those layers (the MLPs' only with
+        expand_neurons: an MLP's output holds its own), through the norms a family puts on the sublayers' outputs.
+        [parts, (b), s, h]; `apply_ln` and `project_output_onto` as in stack_neuron_results. TransformerLens'
+        get_full_resid_decomposition, as its Direct Logit Attribution demo uses it; the parts sum to the stream
+        within rounding. BERT refuses: post-LN, no stream is a sum of parts of several layers. GPT-NeoX's parallel
+        MLP reads the stream its attention reads, so with mlp_input its own layer's heads are not in the sum (TL
+        puts them there)."""
+        stream = self._stream()
+        layer = self._layer(layer)
+        if stream.post_ln:
+            raise ValueError("get_full_resid_decomposition: BERT is post-LN, so no residual stream is a sum of parts "
+                             "of several layers; decompose_resid gives the sum under one LayerNorm")
+        self._check_additive("get_full_resid_decomposition")
+        parts, total, _ = stream.decomposition(layer, mlp_input)
+        attn = range(sum(kind == "attn" for _, _, kind in parts))  # the layers whose attention the stream holds
+        mlps = [(label, name) for label, name, kind in parts if kind == "mlp"]
+        stack, labels = self.stack_head_results(len(attn), pos_slice=pos_slice, return_labels=True)
+        stacks = [stack]
+        if mlps and expand_neurons:
+            stack, neuron_labels = self.stack_neuron_results(len(mlps), pos_slice=pos_slice, return_labels=True)
+            stacks.append(stack)
+            labels += neuron_labels
+        elif mlps:
+            stacks.append(self._stack_parts([name for _, name in mlps], total, pos_slice))
+            labels += [label for label, _ in mlps]
+        reference = _pos(self[total], pos_slice, -2)
+        embeds = [(label, name) for label, name, kind in parts if kind == "embed"]
+        stacks.append(torch.stack([_pos(self[name], pos_slice, -2).expand_as(reference) for _, name in embeds]))
+        labels += [label for label, _ in embeds]
+        bias = torch.zeros_like(reference)
+        for l in attn:
+            bias += self._through_out_norm(self.model.lens_attribute(f"blocks.{l}.attn.b_O").expand_as(reference),
+                                           stream.attn_out_norm(l), pos_slice, False)
+        for l in range(len(mlps) if expand_neurons else 0):
+            bias += self._through_out_norm(self.model.lens_attribute(f"blocks.{l}.mlp.b_out").expand_as(reference),
+                                           stream.mlp_out_norm(l), pos_slice, False)
+        stacks.append(bias[None])
+        labels.append("bias")
+        stack = torch.cat([part.to(reference.dtype) for part in stacks])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, mlp_input, pos_slice)
+        stack = _projected(stack, project_output_onto)
+        return (stack, labels) if return_labels else stack
+
+    def _through_out_norm(self, parts: torch.Tensor, normalised: tuple[str, nn.Module] | None, pos_slice: PosSlice,
+                          per_part: bool) -> torch.Tensor:
+        """Parts of a sublayer's output [(b), s, (parts,) h] through the norm that `normalised` names (the stream's
+        attn_out_norm or mlp_out_norm), its divisor frozen at the whole output's; as they are where there is none.
+        `per_part`: the parts have their own axis before h."""
+        if normalised is None:
+            return parts
+        read, norm = normalised
+        divisor = _pos(norm.divisor(self[read]), pos_slice, -2)
+        return norm.frozen(parts, divisor.unsqueeze(-2) if per_part else divisor)
 
     # ---- reading out ----------------------------------------------------------------------------------------------
 
@@ -525,14 +651,15 @@ def glob(pattern: str) -> re.Pattern:
 
 
 def _pos(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Tensor:
-    """`tensor` at the positions `pos_slice` picks on axis `dim`. A tuple is a slice, as TransformerLens reads one
-    ((k,) is :k, (m, k) is m:k), and TL's own Slice object is applied as TL applies it."""
+    """`tensor` at the positions `pos_slice` picks on axis `dim`, as TransformerLens' Slice reads it: an int
+    drops the axis, a tuple holds a slice's arguments ((k,) is :k), a slice, a list or a tensor picks; TL's own
+    Slice object is applied as TL applies it."""
     if hasattr(pos_slice, "apply") and hasattr(pos_slice, "slice"):  # TL's Slice: its int, slice or positions
         return pos_slice.apply(tensor, dim=dim)
-    if isinstance(pos_slice, tuple):
-        pos_slice = slice(*pos_slice)
     if pos_slice is None:
         return tensor
+    if isinstance(pos_slice, tuple):
+        pos_slice = slice(*pos_slice)
     if isinstance(pos_slice, int):
         return tensor.select(dim, pos_slice)
     if isinstance(pos_slice, slice):
@@ -543,6 +670,16 @@ def _pos(tensor: torch.Tensor, pos_slice: PosSlice, dim: int) -> torch.Tensor:
     if index.dtype == torch.bool:
         index = index.nonzero().flatten()
     return tensor.index_select(dim, index.long())
+
+
+def _projected(stack: torch.Tensor, onto: torch.Tensor | None) -> torch.Tensor:
+    """`stack`'s last axis h projected on `onto` ([h]: the axis goes; [h, k]: it becomes k), or `stack`."""
+    if onto is None:
+        return stack
+    if onto.dim() not in (1, 2) or onto.shape[0] != stack.shape[-1]:
+        raise ValueError(f"project_output_onto must be [d_model] or [d_model, k] with d_model {stack.shape[-1]}, got "
+                         f"{tuple(onto.shape)}")
+    return stack @ onto.to(stack.dtype)
 
 
 def _stack_named(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:

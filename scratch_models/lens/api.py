@@ -18,7 +18,8 @@
   W_U [h, V], b_U, and per layer stacked W_Q / W_K / W_V [l, n, h, d], W_O [l, n, d, h], b_Q / b_K / b_V [l, n, d],
   b_O [l, h], W_in [l, h, m], W_out [l, m, h], b_in, b_out, a gated MLP's W_gate [l, h, m] and b_gate; per block
   `model.blocks[l].attn.W_Q` [n, h, d], ..., `model.blocks[l].ln1.w`, `model.embed.W_E`, `model.unembed.W_U`,
-  `model.ln_final.w`; TL hook names on the same paths are hooks (`model.blocks[3].attn.hook_z.add_hook(fn)`).
+  `model.ln_final.w`; W_gate is None where the MLP has no gate (GPT-2, GPT-NeoX, BERT), as in TL; TL hook names
+  on the same paths are hooks (`model.blocks[3].attn.hook_z.add_hook(fn)`).
 - `tl_parameters()` / `tl_named_parameters()`: every weight under its TL name (what TL's SVDInterpreter reads);
   `OV` and `QK` (and `blocks[l].attn.OV`, ...) as TL's own FactoredMatrix, when transformer_lens is installed.
 - `to_single_token`, `get_token_position`, `tokens_to_residual_directions`, `loss_fn`.
@@ -171,6 +172,8 @@ class TransformerLensMixin:
         self.default_return_type = "output" if type(self) is self.family.base else "logits"
         self.default_prepend_bos = table.prepend_bos
         self.transformer_lens = True
+        if self.tokenizer is not None:  # the tokenizer TL's bridge sets up (scratch_models.registry.tokenizer)
+            self.tokenizer.use_transformer_lens()
 
     # ---- TransformerLens' switches --------------------------------------------------------------------------------
 
@@ -322,9 +325,9 @@ class TransformerLensMixin:
 
     def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Text given in place of input_ids (positionally, as `input_ids` or as TL's `input`) turned into token ids
-        with the model's tokenizer, with `prepend_bos` (default: `default_prepend_bos`) and `padding_side`; texts of
-        different lengths get their attention_mask. Token ids pass as they are (prepend_bos then means nothing,
-        as in TL)."""
+        with the model's tokenizer as to_tokens does it (cut to the model's positions), with `prepend_bos` (default:
+        `default_prepend_bos`) and `padding_side`; texts of different lengths get their attention_mask. Token ids
+        pass as they are (prepend_bos then means nothing, as in TL)."""
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", None)
         padding_side = kwargs.pop("padding_side", None)
@@ -338,7 +341,8 @@ class TransformerLensMixin:
             raise ValueError("text comes alone: the tokenizer makes its attention_mask; pass other arguments by name")
         text = args[0] if args else kwargs.pop("input_ids")
         batch = self._tokenizer()(text, prepend_bos=self.default_prepend_bos if prepend_bos is None else prepend_bos,
-                                  padding_side=padding_side, device=self._device())
+                                  padding_side=padding_side, device=self._device(), return_tensors="pt",
+                                  padding=True, **self._truncation(True))
         for name in ("attention_mask", "token_type_ids"):
             if name in kwargs and name in batch:
                 raise ValueError(f"{name} is made by the tokenizer from the text: give token ids to pass your own")
@@ -495,6 +499,8 @@ class TransformerLensMixin:
                   if name.startswith(f"{path}.")]
         if inside:
             return LensView(self, path)
+        if template == "blocks.{i}.mlp.W_gate":
+            return None  # no gate in this family's MLP (its table names none): TL's W_gate is None then
         raise AttributeError(f"TransformerLens' {path} is not a weight, hook or part of this "
                              f"{type(self).__name__}'s TL names (see scratch_models/{self.family.name}/"
                              "transformer_lens.py)")
@@ -507,8 +513,9 @@ class TransformerLensMixin:
                                   "transformer_lens): TL's attributes and names are not available for it")
         return table
 
-    def _stacked(self, path: str) -> torch.Tensor:
-        return torch.stack([self.lens_attribute(f"blocks.{layer}.{path}") for layer in range(len(self.layers))])
+    def _stacked(self, path: str) -> torch.Tensor | None:
+        weights = [self.lens_attribute(f"blocks.{layer}.{path}") for layer in range(len(self.layers))]
+        return None if weights and weights[0] is None else torch.stack(weights)  # W_gate of an MLP without one
 
 
 class _Stopped(Exception):

@@ -59,6 +59,11 @@ class ResidualStream:
         is its part."""
         return None
 
+    def mlp_out_norm(self, layer: int) -> tuple[str, nn.Module] | None:
+        """As attn_out_norm, for the MLP's output (Gemma 2's post-MLP norm): where a neuron's part of the stream is
+        its output through that norm."""
+        return None
+
     @property
     def has_mid(self) -> bool:
         """Whether a stream runs between each layer's attention and its MLP (resid_mid)."""

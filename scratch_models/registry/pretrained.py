@@ -176,16 +176,23 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
 
     def to_tokens(self, text: str | list[str], pair: str | list[str] | None = None, *,
                   prepend_bos: bool | None = None, padding_side: str | None = None,
-                  move_to_device: bool = True) -> torch.Tensor:
+                  move_to_device: bool = True, truncate: bool = True) -> torch.Tensor:
         """[b, s] token ids of a text or texts (sentence pairs with `pair`), on the model's device unless not
         `move_to_device`, with the special tokens the checkpoint's tokenizer adds ([CLS] ... [SEP] for BERT; none
         for GPT-2), BOS first or not as `prepend_bos` says (None: `model.default_prepend_bos`; see
         scratch_models.registry.tokenizer). Texts of different lengths are padded on `padding_side` (default the
         tokenizer's, "right"), as TransformerLens pads them: the ids alone do not say where the padding is, so a
-        forward pass over them should get the attention mask `model.tokenizer(texts)` returns."""
+        forward pass over them should get the attention mask `model.tokenizer(texts)` returns. `truncate`
+        (TransformerLens' default): each text cut to the model's positions (cfg.n_ctx), as TL cuts it."""
         batch = self._tokenizer()(text, pair, prepend_bos=self._prepend_bos(prepend_bos), padding_side=padding_side,
-                                  device=self._device() if move_to_device else None)
+                                  device=self._device() if move_to_device else None, return_tensors="pt",
+                                  padding=True, **self._truncation(truncate))
         return batch["input_ids"]
+
+    def _truncation(self, truncate: bool) -> dict:
+        """The tokenizer's arguments that cut a text to the model's positions, as TransformerLens' to_tokens."""
+        return {"truncation": True, "max_length": getattr(self.config, self.family.positions_field)} if truncate \
+            else {}
 
     def to_str_tokens(self, text_or_ids, *, prepend_bos: bool | None = None,
                       padding_side: str | None = None) -> list[str] | list[list[str]]:
@@ -204,8 +211,10 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
 
     def to_string(self, ids) -> str | list[str]:
         """The text of one id or of a sequence of ids [s]; a list of texts, one per row, for ids [b, s] (a batch of
-        one included, as TransformerLens); special tokens kept."""
+        one included, as TransformerLens); special tokens kept. A numpy array is read as a tensor, as in TL."""
         tokenizer = self._tokenizer()
+        if type(ids).__module__ == "numpy":  # an ndarray or a numpy integer (numpy need not be imported here)
+            ids = torch.as_tensor(ids)
         if isinstance(ids, torch.Tensor) and ids.dim() == 2 or (
                 isinstance(ids, (list, tuple)) and ids and all(isinstance(row, (list, tuple)) for row in ids)):
             return tokenizer.batch_decode(ids)

@@ -14,10 +14,21 @@ and padding settings are switched off, as transformers' tokenizer call leaves th
 GPT-2 tokenizer adds no BOS, BERT's adds [CLS]); True makes each sequence start with the BOS token, adding it unless the
 template already puts a BOS (or [CLS]) first (`prepends_bos`); False makes none start with it, dropping the one the
 template puts first. It also answers what TransformerLens code asks of a transformers tokenizer: `bos_token_id`,
-`pad_token_id`, `mask_token_id` ..., `padding_side`, `batch_decode`, and `__call__(..., return_tensors="pt",
-padding=True)`. A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a
-NoTokenizerJson (a ValueError) that says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline
-built elsewhere (the command line builds one from such files with transformers' converters).
+`pad_token_id`, `mask_token_id` ..., `padding_side`, `batch_decode`, `tokenize`, `get_vocab`, `name_or_path`,
+`vocab_size` (transformers': the vocabulary without its added tokens; `len(tokenizer)` counts them), and
+`__call__(..., return_tensors="pt", padding=True)`.
+
+The tokenizer of a model loaded with `transformer_lens=True` is the one TransformerLens' TransformerBridge sets up
+(`use_transformer_lens`): it loads the checkpoint's tokenizer with transformers' `add_bos_token=True`, so a
+tokenizer that names a BOS token starts every text with it (GPT-2's, Pythia's; Qwen's names none, BERT's [CLS] is
+there already), in `encode` and calls alike (`prepends_bos` then says so, as TL's cfg.tokenizer_prepends_bos); the
+EOS token stands in for a missing pad or BOS token; and a call returns transformers' lists, unpadded, unless
+`return_tensors="pt"` / `padding=True` (one text: a flat list of ids). Without it (our dialect) a call returns
+tensors [b, s], padded, and the template is left as it is.
+
+A checkpoint with only vocab.txt / vocab.json + merges.txt is refused with a NoTokenizerJson (a ValueError) that
+says how to write tokenizer.json; `Tokenizer.from_backend` takes a pipeline built elsewhere (the command line builds
+one from such files with transformers' converters).
 """
 
 import json
@@ -32,6 +43,23 @@ from weight_mapping import TOKENIZER_FILES, Checkpoint, open_checkpoint
 SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 _TRUNCATING = threading.Lock()  # held while a call truncates with a tokenizer's truncating copy
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
+
+
+class _DialectDefault:
+    """A call's default that differs by dialect: ours, or transformers' for TransformerLens' tokenizer (whose calls
+    return lists, unpadded, as a transformers tokenizer's do)."""
+
+    def __init__(self, ours, transformers_):
+        self.ours, self.transformers = ours, transformers_
+
+    def __repr__(self) -> str:
+        return f"{self.ours!r} (TransformerLens' tokenizer: {self.transformers!r})"
+
+    def of(self, tokenizer: "Tokenizer"):
+        return self.transformers if tokenizer.transformer_lens else self.ours
+
+
+TENSORS, PADDING = _DialectDefault("pt", None), _DialectDefault(True, False)
 
 
 class NoTokenizerJson(ValueError):
@@ -49,7 +77,8 @@ class Tokenizer:
 
     def __init__(self, name_or_path, *, token_type_ids: bool | None = None):
         self._token_type_ids = token_type_ids
-        self._loaded = None  # (backend, special_ids, token_type_ids, padding_side) once read
+        self._loaded = None  # (backend, special_ids, token_type_ids, padding_side, names_bos) once read
+        self.transformer_lens = False  # TransformerLens' tokenizer (use_transformer_lens)
         self._padding_side = None  # set, or else tokenizer_config.json's (transformers' default "right")
         if isinstance(name_or_path, Checkpoint):
             # the directory and config.json's contents only: the open weight files stay with the checkpoint
@@ -81,7 +110,7 @@ class Tokenizer:
         backend.no_truncation()
         backend.no_padding()
         tokenizer = cls(source, token_type_ids=token_type_ids)
-        tokenizer._loaded = (backend, dict(special_ids), token_type_ids, "right")
+        tokenizer._loaded = (backend, dict(special_ids), token_type_ids, "right", "bos" in special_ids)
         return tokenizer
 
     @property
@@ -97,7 +126,7 @@ class Tokenizer:
         return self._load()[2]
 
     def _load(self):
-        """(backend, special_ids, token_type_ids, padding_side), read once."""
+        """(backend, special_ids, token_type_ids, padding_side, names_bos), read once."""
         if self._loaded is None:  # two threads may both read the files; either result is the same
             directory, config_json = self._opened or (_directory(self.source), None)
             self._loaded = _read(directory, self._token_type_ids, config_json, self.source)
@@ -117,31 +146,67 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary without its added tokens, as transformers' `vocab_size` counts it (Pythia's 50254 + the
+        added <|padding|> ... : `len(tokenizer)` counts every id)."""
+        return self.backend.get_vocab_size(with_added_tokens=False)
+
+    def __len__(self) -> int:
         """Every id the tokenizer can produce, added tokens included (counted once: the tokenizers library counts
         them one by one, 36 ms for GPT-2's vocabulary padded with 48k added tokens, and every decode checks ids
         against it)."""
-        if self.__dict__.get("_vocab_size") is None:
-            self._vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
-        return self._vocab_size
+        if self.__dict__.get("_size") is None:
+            self._size = self.backend.get_vocab_size(with_added_tokens=True)
+        return self._size
 
-    def __len__(self) -> int:
-        return self.vocab_size
+    @property
+    def name_or_path(self) -> str:
+        """Where the tokenizer was read from (transformers' name_or_path)."""
+        return str(self.source)
 
-    # transformers' names for the special tokens (None where the checkpoint names none): what TL code asks
-    bos_token_id = property(lambda self: self.special_ids.get("bos"))
+    def get_vocab(self) -> dict[str, int]:
+        """Token -> id, added tokens included (transformers' get_vocab)."""
+        return self.backend.get_vocab(with_added_tokens=True)
+
+    def tokenize(self, text: str, pair: str | None = None, add_special_tokens: bool = False) -> list[str]:
+        """The vocabulary entries of `text` ("Ġupon", "##ing"), no special tokens unless asked (transformers'
+        tokenize)."""
+        return self.backend.encode(text, _one_pair(pair), add_special_tokens=add_special_tokens).tokens
+
+    def use_transformer_lens(self) -> None:
+        """Be the tokenizer TransformerLens' bridge sets up (see the module's doc): transformers' add_bos_token=True
+        where the tokenizer names a BOS token, the EOS token for a missing pad or BOS token, lists from a call."""
+        self.transformer_lens = True
+
+    @property
+    def _adds_bos(self) -> bool:
+        """TransformerLens' add_bos_token=True adds a BOS the template does not put first: where the tokenizer's
+        own files name one (TL's bridge asks transformers for add_bos_token=True only then)."""
+        return self.transformer_lens and self._load()[4] and not self._template_bos
+
+    # transformers' names for the special tokens (None where the checkpoint names none; TransformerLens' tokenizer
+    # has the EOS token stand in for a missing pad or BOS token, as TL's bridge sets it up): what TL code asks
+    bos_token_id = property(lambda self: self._role_id("bos"))
     eos_token_id = property(lambda self: self.special_ids.get("eos"))
-    pad_token_id = property(lambda self: self.special_ids.get("pad"))
+    pad_token_id = property(lambda self: self._role_id("pad"))
     unk_token_id = property(lambda self: self.special_ids.get("unk"))
     sep_token_id = property(lambda self: self.special_ids.get("sep"))
     cls_token_id = property(lambda self: self.special_ids.get("cls"))
     mask_token_id = property(lambda self: self.special_ids.get("mask"))
-    bos_token = property(lambda self: self.special_tokens.get("bos"))
+    bos_token = property(lambda self: self._role_token("bos"))
     eos_token = property(lambda self: self.special_tokens.get("eos"))
-    pad_token = property(lambda self: self.special_tokens.get("pad"))
+    pad_token = property(lambda self: self._role_token("pad"))
     unk_token = property(lambda self: self.special_tokens.get("unk"))
     sep_token = property(lambda self: self.special_tokens.get("sep"))
     cls_token = property(lambda self: self.special_tokens.get("cls"))
     mask_token = property(lambda self: self.special_tokens.get("mask"))
+
+    def _role_id(self, role: str) -> int | None:
+        own = self.special_ids.get(role)
+        return self.special_ids.get("eos") if own is None and self.transformer_lens else own
+
+    def _role_token(self, role: str) -> str | None:
+        i = self._role_id(role)
+        return None if i is None else self.backend.id_to_token(i)
 
     @property
     def padding_side(self) -> str:
@@ -155,8 +220,14 @@ class Tokenizer:
 
     @property
     def prepends_bos(self) -> bool:
-        """Whether the template puts a BOS token (or BERT's [CLS]) first, as TransformerLens detects it: the
-        first id of a one-letter text, when there is more than one, is the bos or cls token."""
+        """Whether a text's ids start with a BOS token (or BERT's [CLS]) unless told otherwise, as TransformerLens
+        detects it (cfg.tokenizer_prepends_bos): the first id of a one-letter text, when there is more than one, is
+        the bos or cls token. TransformerLens' tokenizer (use_transformer_lens) may add the BOS itself."""
+        return self._template_bos or self._adds_bos
+
+    @property
+    def _template_bos(self) -> bool:
+        """Whether the template puts a BOS token (or [CLS]) first (see prepends_bos)."""
         if self.__dict__.get("_prepends") is None:
             ids = self.backend.encode("a").ids
             leading = {self.special_ids.get("bos"), self.special_ids.get("cls")} - {None}
@@ -164,11 +235,18 @@ class Tokenizer:
         return self._prepends
 
     def encode(self, text: str, pair: str | None = None, *, add_special_tokens: bool = True,
-               prepend_bos: bool | None = None) -> list[int]:
-        """The ids of one text (or sentence pair), special tokens as the checkpoint's template adds them;
-        `prepend_bos` as in the module's doc."""
+               prepend_bos: bool | None = None, return_tensors: str | None = None):
+        """The ids of one text (or sentence pair), special tokens as the tokenizer adds them (`prepends_bos`);
+        `prepend_bos` as in the module's doc. A list, or with return_tensors="pt" a tensor [1, s], as
+        transformers' encode."""
         ids = self.backend.encode(text, _one_pair(pair), add_special_tokens=add_special_tokens).ids
-        return self._with_bos(ids, prepend_bos, add_special_tokens)[0]
+        ids = self._with_bos(ids, prepend_bos, add_special_tokens)[0]
+        if return_tensors is None:
+            return ids
+        if return_tensors != "pt":
+            raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer returns lists or torch tensors "
+                             "('pt') only")
+        return torch.tensor([ids], dtype=torch.long)
 
     def sequence_ids(self, text: str, pair: str | None = None) -> list[int | None]:
         """For each token of `encode(text, pair)`: 0 for the text's tokens, 1 for the pair's, None for the special
@@ -177,19 +255,26 @@ class Tokenizer:
 
     def __call__(self, text: str | list[str], pair: str | list[str] | None = None, *, padding_side: str | None = None,
                  prepend_bos: bool | None = None, add_special_tokens: bool = True, device=None,
-                 return_tensors: str = "pt", padding: bool | str = True, truncation: bool = False,
+                 return_tensors=TENSORS, padding: bool | str = PADDING, truncation: bool = False,
                  max_length: int | None = None) -> "Encoding":
         """A batch as model inputs: input_ids and attention_mask [b, s] (and token_type_ids for BERT), padded on
         `padding_side` (default `self.padding_side`: "right", transformers' default, or "left", which generate
         needs). One text gives a batch of one. Padding uses the pad token, else (GPT-2, which has none) the
         end-of-text token: the mask marks it either way. `prepend_bos` as in the module's doc.
 
-        transformers' arguments, as TransformerLens passes them: `return_tensors` "pt" only (tensors are what this
-        returns); `padding` True / "longest" (the default here) or "max_length" (to `max_length`), False /
-        "do_not_pad" refusing texts of different lengths; `truncation` cuts each sequence to `max_length` tokens,
-        the template's special tokens kept."""
-        if return_tensors != "pt":
-            raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer returns torch tensors only ('pt')")
+        transformers' arguments, as TransformerLens passes them: `return_tensors` "pt" (the default here) or None
+        (lists, one flat list per key for one text); `padding` True / "longest" (the default here) or "max_length"
+        (to `max_length`), False / "do_not_pad" (texts of different lengths then give lists of their own lengths,
+        and are refused as tensors); `truncation` cuts each sequence to `max_length` tokens, the special tokens (the
+        template's and a BOS added) kept. TransformerLens' tokenizer defaults to transformers' return_tensors=None
+        and padding=False."""
+        if isinstance(return_tensors, _DialectDefault):
+            return_tensors = return_tensors.of(self)
+        if isinstance(padding, _DialectDefault):
+            padding = padding.of(self)
+        if return_tensors not in ("pt", None):
+            raise ValueError(f"return_tensors={return_tensors!r}: this tokenizer returns lists (None) or torch tensors "
+                             "('pt') only")
         padding_side = self.padding_side if padding_side is None else _side(padding_side)
         pad_to = _padding(padding, max_length)
         if truncation and max_length is None:
@@ -204,18 +289,28 @@ class Tokenizer:
             raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair per text")
         inputs = texts if pairs is None else list(zip(texts, pairs))
         if truncation:
+            # a BOS added to the template's tokens counts within max_length, even one prepend_bos=False then drops
+            # (as TransformerLens truncates what its tokenizer gives and then takes the BOS away)
+            added = add_special_tokens and self.bos_token_id is not None and not self._template_bos and (
+                self._adds_bos or bool(prepend_bos))
+            if max_length - added < 1:
+                raise ValueError(f"max_length={max_length} leaves no room for a token beside the BOS token")
             with _TRUNCATING:  # a copy of the pipeline of its own, so no other call is cut meanwhile
                 truncator = self.__dict__.get("_truncator")
                 if truncator is None:
                     import tokenizers
 
                     truncator = self._truncator = tokenizers.Tokenizer.from_str(self.backend.to_str())
-                truncator.enable_truncation(max_length)
+                truncator.enable_truncation(max_length - added)
                 encodings = truncator.encode_batch(inputs, add_special_tokens=add_special_tokens)
         else:
             encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
         rows = [self._with_bos(e.ids, prepend_bos, add_special_tokens, e.type_ids) for e in encodings]
         longest = max(len(ids) for ids, _ in rows)
+        if pad_to == "none" and return_tensors is None:  # transformers' lists, each of its own length
+            batch = {"input_ids": [ids for ids, _ in rows], "attention_mask": [[1] * len(ids) for ids, _ in rows],
+                     "token_type_ids": [types for _, types in rows]}
+            return self._as_lists(batch, text)
         if pad_to == "none" and any(len(ids) < longest for ids, _ in rows):
             raise ValueError("these texts have different token counts and padding=False: a batch of them needs "
                              "padding (padding=True)")
@@ -227,10 +322,17 @@ class Tokenizer:
             for key, values, padding in (("input_ids", ids, pad), ("attention_mask", [1] * len(ids), 0),
                                          ("token_type_ids", types, 0)):
                 batch[key].append(values + [padding] * fill if padding_side == "right" else [padding] * fill + values)
+        if return_tensors is None:
+            return self._as_lists(batch, text)
         if not self.token_type_ids:
             del batch["token_type_ids"]
         # dtype given: a batch of empty texts would otherwise come out as float
         return Encoding({key: torch.tensor(values, dtype=torch.long, device=device) for key, values in batch.items()})
+
+    def _as_lists(self, batch: dict, text) -> "Encoding":
+        """transformers' lists: one text gives its own, not a batch of one."""
+        return Encoding({key: rows[0] if isinstance(text, str) else rows for key, rows in batch.items()
+                         if key != "token_type_ids" or self.token_type_ids})
 
     def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False) -> str:
         """The text of a sequence of ids (special tokens kept unless skipped); `clean_up_tokenization_spaces` as
@@ -283,22 +385,24 @@ class Tokenizer:
                 raise ValueError(f"expected the ids of one sequence, got a tensor of shape {tuple(ids.shape)}")
             ids = ids.tolist()
         ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        bad = [i for i in ids if not 0 <= i < len(self)]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{self.vocab_size - 1}")
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{len(self) - 1}")
         return ids
 
     def _with_bos(self, ids: list[int], prepend_bos: bool | None, templated: bool, types: list[int] | None = None):
         """(ids, types) with the sequence made to start, or not, with the BOS token (see the module's doc);
         `templated`: the template's special tokens were added."""
         types = [0] * len(ids) if types is None else types
-        if prepend_bos is None or prepend_bos == (templated and self.prepends_bos and bool(ids)):
+        if prepend_bos is None and templated and self._adds_bos:
+            prepend_bos = True  # TransformerLens' tokenizer adds the BOS token itself
+        if prepend_bos is None or prepend_bos == (templated and self._template_bos and bool(ids)):
             return ids, types
         if not prepend_bos:
             return ids[1:], types[1:]
-        if "bos" not in self.special_ids:
+        if self.bos_token_id is None:
             raise ValueError(f"{self.source}: this tokenizer names no BOS token, so prepend_bos=True cannot add one")
-        return [self.special_ids["bos"], *ids], [0, *types]
+        return [self.bos_token_id, *ids], [0, *types]
 
     def _pad(self) -> int:
         for role in ("pad", "eos"):
@@ -390,7 +494,20 @@ def _read(directory: Path, token_type_ids: bool | None, config_json: dict | None
         # the model reads token types when its config sizes a table of them (BERT's type_vocab_size)
         token_type_ids = "type_vocab_size" in configs["config.json"]
     side = configs.get("tokenizer_config.json", {}).get("padding_side") or "right"
-    return backend, _special_ids(backend, configs, path), token_type_ids, _side(side)
+    special_ids = _special_ids(backend, configs, path)
+    return backend, special_ids, token_type_ids, _side(side), _names_bos(configs, special_ids)
+
+
+def _names_bos(configs: dict[str, dict], special_ids: dict[str, int]) -> bool:
+    """Whether transformers' tokenizer of these files has a BOS token: one its files name, or, where
+    tokenizer_config.json names no tokenizer class (transformers then takes the model type's own, as for the hub's
+    gpt2, whose GPT2Tokenizer defaults to <|endoftext|>), the one config.json names. A class named without a BOS
+    (Qwen's, which says null; a generic TokenizersBackend) has none."""
+    if "bos" not in special_ids:
+        return False
+    named = [configs.get(name, {}).get("bos_token") for name in ("tokenizer_config.json", "special_tokens_map.json")]
+    return any(isinstance(token, (str, dict)) for token in named) or \
+        "tokenizer_class" not in configs.get("tokenizer_config.json", {})
 
 
 def _directory(name_or_path) -> Path:

@@ -567,7 +567,7 @@ def test_return_type_predictions_reads_bert_s_mlm_and_next_sentence_heads(built,
     nsp = BertForNextSentencePrediction.from_pretrained(tmp_path, transformer_lens=True)
     their_nsp = bridge_of(tmp_path, "BertForNextSentencePrediction")
     for first, second in ((TEXTS[0], TEXTS[1]), (TEXTS[1], "The cat sat."), ("A.", "B.")):
-        pair = nsp.tokenizer(first, second)
+        pair = nsp.tokenizer(first, second, return_tensors="pt")
         assert nsp(**pair, return_type="predictions") == their_nsp.predict_next_sentence(first, second)
     with pytest.raises(ValueError, match="reads a masked-LM or next-sentence head"):
         BertModel.from_pretrained(directory)(TEXTS[0], return_type="predictions")
@@ -586,7 +586,8 @@ def test_generate_on_text_returns_text_as_the_bridge(built, family):
     hf = getattr(transformers, declared.lm.__name__).from_pretrained(directory).eval()
     for prompt in (TEXTS[0], [TEXTS[0], SHORT]):
         tokens = bridge.to_tokens(prompt, padding_side="left")
-        batch = ours.tokenizer(prompt, prepend_bos=ours.cfg.default_prepend_bos, padding_side="left")
+        batch = ours.tokenizer(prompt, prepend_bos=ours.cfg.default_prepend_bos, padding_side="left",
+                               return_tensors="pt", padding=True)
         mask = batch["attention_mask"]
         assert torch.equal(batch["input_ids"], tokens)
         expected = hf.generate(tokens, attention_mask=mask, max_new_tokens=5, do_sample=False,
@@ -622,7 +623,7 @@ def test_to_tokens_pads_texts_of_different_lengths_so_detect_head_runs(built, fa
 
 @each_family
 def test_the_tokenizer_answers_what_tl_asks_of_a_transformers_tokenizer(built, family, tmp_path):
-    directory, ours, _, fast = built(family)
+    directory, ours, bridge, fast = built(family)
     theirs = transformers.AutoTokenizer.from_pretrained(directory)
     tokenizer = ours.tokenizer
     named = json.loads((directory / "tokenizer_config.json").read_text()) if (
@@ -632,8 +633,11 @@ def test_the_tokenizer_answers_what_tl_asks_of_a_transformers_tokenizer(built, f
                      "checkpoint's files do not name; ours reads the files only (real Qwen 2 checkpoints name it)")
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id", "cls_token_id", "sep_token_id",
                  "unk_token_id", "eos_token", "pad_token", "mask_token", "padding_side"):
-        # (ours also takes GPT-2's BOS from config.json's bos_token_id where the tokenizer's files name none)
-        if getattr(theirs, name) is not None or not name.startswith("bos"):
+        # (ours also takes GPT-2's BOS from config.json's bos_token_id where the tokenizer's files name none; the
+        # pad token of a tokenizer loaded with transformer_lens=True is TL's, the EOS token where none is named)
+        if name.startswith("pad"):
+            assert getattr(tokenizer, name) == getattr(bridge.tokenizer, name), name
+        elif getattr(theirs, name) is not None or not name.startswith("bos"):
             assert getattr(tokenizer, name) == getattr(theirs, name), name
     assert len(tokenizer) == len(theirs)
     for side in ("right", "left"):
@@ -647,10 +651,11 @@ def test_the_tokenizer_answers_what_tl_asks_of_a_transformers_tokenizer(built, f
     assert tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True) == theirs.batch_decode(
         batch["input_ids"], skip_special_tokens=True)
     cut = tokenizer(list(TEXTS), truncation=True, max_length=4)["input_ids"]
-    assert cut.tolist() == theirs(list(TEXTS), truncation=True, max_length=4)["input_ids"]
+    assert cut == theirs(list(TEXTS), truncation=True, max_length=4)["input_ids"]
     with pytest.raises(ValueError, match="different token counts and padding=False"):
-        tokenizer([TEXTS[0], SHORT], padding=False)
-    with pytest.raises(ValueError, match="returns torch tensors only"):
+        tokenizer([TEXTS[0], SHORT], padding=False, return_tensors="pt")
+    assert dict(tokenizer([TEXTS[0], SHORT], padding=False)) == dict(theirs([TEXTS[0], SHORT], padding=False))
+    with pytest.raises(ValueError, match=r"returns lists \(None\) or torch tensors \('pt'\) only"):
         tokenizer(TEXTS[0], return_tensors="np")
     # tokenizer_config.json's padding_side is the tokenizer's, as transformers reads it
     copy_tokenizer(directory, tmp_path)
