@@ -1,6 +1,6 @@
 """The analysis layer on every registered family, built from its declaration alone: the activation cache's
 residual-stream helpers, the per-head results, the logit lens, activation and attribution patching and the heads'
-summaries, each held to an identity that must hold exactly (or within the fp32 bound) whatever the family.
+summaries, each held to an identity that must hold exactly (or within assert_parity's bound) whatever the family.
 
 A family registered in scratch_models.registry.known is tested here with no edit; what its stream has or lacks
 (BERT is post-LN; GPT-NeoX's parallel residual has no stream between attention and MLP) is read from its
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import LOGITS_ATOL, assert_parity, each_family, padded_batch, reference, save, sighted
+from helpers import assert_parity, each_family, padded_batch, reference, save, sighted
 from scratch_models.analysis.heads import AttentionSummary
 from scratch_models.analysis.metrics import LogitDiff, last_positions
 from scratch_models.analysis.patching import (Patch, activation_patching, get_act_patch_resid_mid, hook_name,
@@ -111,9 +111,9 @@ def test_logit_lens_at_the_last_layer_is_the_models_logits(loaded, family):
         ref = theirs(**inputs).logits
     lens = cache.logit_lens()
     assert lens.shape == (len(model.layers) + 1, *out.logits.shape)
-    assert_parity(lens[-1], out.logits, f"{family} lens at the last layer", atol=LOGITS_ATOL)
+    assert_parity(lens[-1], out.logits, f"{family} lens at the last layer")
     seen = sighted(family, inputs["attention_mask"])
-    assert_parity(lens[-1][seen], ref[seen], f"{family} lens against transformers' logits", atol=LOGITS_ATOL)
+    assert_parity(lens[-1][seen], ref[seen], f"{family} lens against transformers' logits")
 
 
 @each_family
@@ -133,7 +133,7 @@ def test_direct_logit_attribution_sums_to_the_logit_or_is_refused(loaded, family
     parts = cache.decompose_resid(pos_slice=-1)  # before any LayerNorm: logit_attrs freezes ln_f at the stream
     attrs = cache.logit_attrs(parts, tokens=3, pos_slice=-1)
     assert_parity(attrs.sum(0) + final_bias(model, 3), cache[stream.attributed_logits][:, -1, 3],
-                  f"{family} logit attribution", atol=LOGITS_ATOL)
+                  f"{family} logit attribution")
     if stream.attributed_logits == "logits":
         assert torch.equal(cache["logits"], out.logits)
 
@@ -169,7 +169,7 @@ def test_each_heads_part_of_the_stream_sums_to_what_attention_adds_and_attribute
     assert_parity(stack.sum(0), cache[stream.resid_pre(n)], f"{family}: heads and remainder")
     attrs = cache.logit_attrs(cache.stack_head_results(incl_remainder=True, pos_slice=-1), tokens=3, pos_slice=-1)
     assert_parity(attrs.sum(0) + final_bias(model, 3), cache[stream.attributed_logits][:, -1, 3],
-                  f"{family}: heads' logit attribution", atol=LOGITS_ATOL)
+                  f"{family}: heads' logit attribution")
 
 
 def final_bias(model, token: int):
@@ -201,8 +201,7 @@ def test_readmes_direct_attribution_line_states_an_identity_that_holds(loaded, f
     attrs = eval(line, {"cache": cache, "mary": mary})
     seen = sighted(family, inputs["attention_mask"])
     assert_parity((attrs.sum(0) + final_bias(model, 3))[seen],
-                  cache[stream_of(model).attributed_logits][..., 3][seen], f"{family}: README's line, summed",
-                  atol=LOGITS_ATOL)
+                  cache[stream_of(model).attributed_logits][..., 3][seen], f"{family}: README's line, summed")
 
 
 @each_family

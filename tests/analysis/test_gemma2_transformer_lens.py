@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import assert_bridge_tensors, reference, save
+from helpers import assert_bridge_tensors, assert_parity, reference, save
 from scratch_models import Gemma2Config, Gemma2ForCausalLM
 from scratch_models.registry.families import FAMILIES
 
@@ -56,8 +56,8 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
     assert bool((pattern[:, :, 8, :4] == 0).all()) and bool((cache["blocks.1.attn.hook_pattern"][:, :, 8] > 0).all())
     # what attention adds to the stream is after ln1_post, not the heads' merged output
     assert not torch.allclose(cache["blocks.0.hook_attn_out"], cache["blocks.0.attn.hook_out"])
-    assert torch.allclose(cache["blocks.0.hook_resid_mid"],
-                          cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"], atol=1e-6)
+    assert_parity(cache["blocks.0.hook_resid_mid"], cache["blocks.0.hook_resid_pre"] + cache["blocks.0.hook_attn_out"],
+                  "resid_mid", terms=2)
 
 
 def test_weights_and_config_are_the_bridges(models):
@@ -87,7 +87,7 @@ def test_the_norm_weights_are_stored_as_the_bridge_reads_them_and_applied_plus_o
     with torch.no_grad():
         _, cache = ours.run_with_cache(ids)
     rebuilt = cache["blocks.1.ln1.hook_normalized"] * (1 + ours.blocks[1].ln1.w)
-    assert torch.allclose(rebuilt, cache["blocks.1.ln1.hook_out"], atol=1e-6)
+    assert_parity(rebuilt, cache["blocks.1.ln1.hook_out"], "ln1 from hook_normalized", terms=1)
 
 
 def test_the_bridges_rotary_angle_hooks_are_refused_saying_where_the_angles_are(models):

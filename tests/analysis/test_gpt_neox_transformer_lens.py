@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import assert_bridge_tensors, reference, save
+from helpers import assert_bridge_tensors, assert_parity, model_sizes, reference, save
 from scratch_models import GPTNeoXForCausalLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,7 +45,7 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
     q, k = cache["blocks.1.attn.hook_rot_q"], cache["blocks.1.attn.hook_rot_k"]
     scores = torch.einsum("bqnd,bknd->bnqk", q, k) / q.shape[-1] ** 0.5
     seen = theirs["blocks.1.attn.hook_attn_scores"].isfinite()
-    assert torch.allclose(scores[seen], theirs["blocks.1.attn.hook_attn_scores"][seen], atol=1e-5)
+    assert_parity(scores[seen], theirs["blocks.1.attn.hook_attn_scores"][seen], "scores", **model_sizes(ours.cfg))
 
 
 def test_weights_and_config_are_the_bridges(models):

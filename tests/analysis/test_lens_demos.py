@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import model_sizes
 from test_lens_tutorials import SMALL, assert_same, ioi_prompts, write_gpt2
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
@@ -317,10 +318,11 @@ def test_the_attribution_patching_demo_gives_the_bridges_numbers(models, attribu
     residual, labels = mine.pop("residual attr")
     their_residual, their_labels = theirs.pop("residual attr")
     assert labels == their_labels
+    sizes = model_sizes(models[0].cfg, backward=True)  # gradients times activations
     for key in mine:
-        assert_same(mine[key], theirs[key], key, atol=1e-4)
+        assert_same(mine[key], theirs[key], key, sizes)
     whole = [i for i, label in enumerate(labels) if not label.endswith("_mid")]
-    assert_same(residual[whole], their_residual[whole], "residual attr", atol=1e-4)
+    assert_same(residual[whole], their_residual[whole], "residual attr", sizes)
     # the mid rows: the stream's gradient in the corrupted run, times clean - corrupted, by our own names
     model = models[0]
     clean_tokens, corrupted_tokens, metric = attributions[0]["run"]
@@ -329,7 +331,7 @@ def test_the_attribution_patching_demo_gives_the_bridges_numbers(models, attribu
     _, corrupted = model.run_with_cache(corrupted_tokens, names=names, incl_bwd=True, metric=metric)
     for layer, name in enumerate(names):
         expected = (corrupted[f"{name}_grad"] * (clean[name] - corrupted[name])).sum(dim=(0, 2))
-        assert_same(residual[labels.index(f"{layer}_mid")], expected, f"{layer}_mid", atol=1e-4)
+        assert_same(residual[labels.index(f"{layer}_mid")], expected, f"{layer}_mid", sizes)
     # the demo's baselines: the clean run scores 1, the corrupted 0
     assert mine["values"] == pytest.approx([1.0, 0.0], abs=1e-5)
 
@@ -340,7 +342,7 @@ def test_the_attribution_patching_demo_s_head_path_cell(models, attributions):
     model, bridge = models
     mine = head_path_cell(model, *attributions[0]["caches"])
     theirs = head_path_cell(bridge, *attributions[1]["caches"])
-    assert_same(mine, theirs, "head path attribution", atol=1e-4)
+    assert_same(mine, theirs, "head path attribution", model_sizes(model.cfg, backward=True))
 
 
 # ---- the SVD Interpreter Demo -----------------------------------------------------------------------------------
@@ -368,4 +370,4 @@ def test_the_svd_interpreter_demo_gives_the_bridges_directions(tmp_path):
     model, bridge = load_two(tmp_path)
     mine, theirs = svd_demo(model, 1, 3), svd_demo(bridge, 1, 3)
     for key in mine:
-        assert_same(mine[key], theirs[key], key, atol=1e-4)
+        assert_same(mine[key], theirs[key], key, model_sizes(model.cfg))

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import byte_level_bpe, each_family, reference, save
+from helpers import assert_parity, byte_level_bpe, each_family, model_sizes, reference, save
 from test_lens_demos import get_cache_fwd_and_bwd  # the Attribution Patching Demo's
 from scratch_models import get_act_name
 from scratch_models.registry.families import FAMILIES
@@ -76,6 +76,17 @@ def built(tmp_path_factory):
     return build
 
 
+def forwards(model) -> dict:
+    """assert_parity's sizes for what a forward pass of `model` computes."""
+    return model_sizes(model.cfg)
+
+
+def backwards(model) -> dict:
+    """assert_parity's sizes for gradients of the metrics here (a logsumexp over the vocabulary), back through
+    `model`."""
+    return model_sizes(model.cfg, model.cfg.d_vocab, backward=True)
+
+
 def supported(bridge, switch: str) -> bool:
     """Whether the bridge honours TL's switch `switch` here (its BERT has no per-head attention hooks)."""
     try:
@@ -84,12 +95,6 @@ def supported(bridge, switch: str) -> bool:
         return False
     getattr(bridge, f"set_{switch}")(False)
     return True
-
-
-def close(ours: torch.Tensor, theirs: torch.Tensor, atol: float = 1e-5):
-    assert ours.shape == theirs.shape, (tuple(ours.shape), tuple(theirs.shape))
-    worst = float((ours.double() - theirs.double()).abs().max()) if ours.numel() else 0.0
-    assert torch.allclose(ours.double(), theirs.double(), atol=atol, rtol=1e-4), f"max |diff| {worst:.2e}"
 
 
 # ---- item 1: text, BOS, to_string --------------------------------------------------------------------------------
@@ -111,7 +116,7 @@ def test_text_starts_with_a_bos_exactly_where_the_bridge_puts_one(built, family)
         assert ours.to_str_tokens([TEXTS[1], SHORT], prepend_bos=bos) == bridge.to_str_tokens([TEXTS[1], SHORT],
                                                                                               prepend_bos=bos)
     with torch.no_grad():
-        close(ours(TEXTS[0]), bridge(TEXTS[0]), atol=1e-4)
+        assert_parity(ours(TEXTS[0]), bridge(TEXTS[0]), "logits", **forwards(ours))
         token = int(ours.to_tokens(TEXTS[1])[0, 3])
         assert ours.get_token_position(token, TEXTS[1]) == bridge.get_token_position(token, TEXTS[1])
 
@@ -161,8 +166,8 @@ def test_set_use_attn_result_lets_a_filter_see_hook_result_forwards_and_backward
             bridge.reset_hooks()
             bridge.set_use_attn_result(False)
             for name in cache:
-                close(cache[name], theirs[name], atol=1e-5)
-                close(grads[name], their_grads[name], atol=1e-5)
+                assert_parity(cache[name], theirs[name], name, **forwards(ours))
+                assert_parity(grads[name], their_grads[name], f"{name} gradient", **backwards(ours))
     finally:
         ours.set_use_attn_result(False)
     ours.zero_grad()
@@ -221,14 +226,15 @@ def test_split_qkv_input_feeds_one_head_s_queries_keys_or_values_only(built, fam
         edited = edited_logits(ours, tokens, name, add_to_head(head))
         # the same edit where the copy goes: that head's q (k, v) recomputed from the edited stream
         expected = expected_head_edit(ours, tokens, kind, head=head)
-        close(edited, expected, atol=1e-4)
+        assert_parity(edited, expected, "edited logits against by hand", **forwards(ours))
         assert not torch.allclose(edited, plain, atol=1e-3)
         if supported(bridge, "use_split_qkv_input"):
             bridge.set_use_split_qkv_input(True)
             with torch.no_grad():
                 _, theirs = bridge.run_with_cache(tokens, names_filter=lambda n: n == name)
-            close(cache[name], theirs[name])
-            close(edited, edited_logits(bridge, tokens, name, add_to_head(head)), atol=1e-4)
+            assert_parity(cache[name], theirs[name], name, **forwards(ours))
+            assert_parity(edited, edited_logits(bridge, tokens, name, add_to_head(head)), "edited logits",
+                          **forwards(ours))
             bridge.set_use_split_qkv_input(False)
         with pytest.raises(ValueError, match="mutually exclusive"):
             ours.set_use_attn_in(True)
@@ -276,12 +282,14 @@ def test_attn_in_feeds_a_head_s_queries_keys_and_values_and_its_gradient_is_per_
         assert not torch.allclose(grads["in"][:, :, 0], grads["in"][:, :, 1])
         if supported(bridge, "use_attn_in"):
             bridge.set_use_attn_in(True)
-            close(edited, edited_logits(bridge, tokens, "blocks.1.hook_attn_in", add_to_head(2)), atol=1e-4)
+            assert_parity(edited, edited_logits(bridge, tokens, "blocks.1.hook_attn_in", add_to_head(2)),
+                          "edited logits",
+                          **forwards(ours))
             theirs = {}
             with bridge.hooks(bwd_hooks=[("blocks.1.hook_attn_in", lambda g, hook: theirs.__setitem__("in", g))]):
                 bridge(tokens)[:, -1].logsumexp(-1).sum().backward()
             bridge.set_use_attn_in(False)
-            close(grads["in"], theirs["in"], atol=1e-5)
+            assert_parity(grads["in"], theirs["in"], "hook_attn_in gradient", **backwards(ours))
     finally:
         ours.set_use_attn_in(False)
         ours.zero_grad()
@@ -304,11 +312,12 @@ def test_hook_mlp_in_feeds_the_mlp_only(built, family):
             _, theirs = bridge.run_with_cache(tokens)
         assert list(cache) == [f"blocks.{layer}.hook_mlp_in" for layer in range(LAYERS)]
         for name in cache:
-            close(cache[name], theirs[name])
+            assert_parity(cache[name], theirs[name], name, **forwards(ours))
         if not own:
             shift = lambda x, hook: x + direction(x)  # noqa: E731
             edited = edited_logits(ours, tokens, "blocks.1.hook_mlp_in", shift)
-            close(edited, edited_logits(bridge, tokens, "blocks.1.hook_mlp_in", shift), atol=1e-4)
+            assert_parity(edited, edited_logits(bridge, tokens, "blocks.1.hook_mlp_in", shift), "edited logits",
+                          **forwards(ours))
             # the stream itself goes on unedited: the same edit of hook_resid_mid reaches more than the MLP
             if FAMILIES[family].stream(ours).has_mid:
                 assert not torch.allclose(edited, edited_logits(ours, tokens, "blocks.1.hook_resid_mid", shift),
@@ -395,11 +404,11 @@ def test_head_output_attribution_is_right_once_the_switch_is_on(built, family):
     finally:
         ours.set_use_attn_result(False)
         ours.zero_grad()
-    close(right, truth, atol=1e-5)
+    assert_parity(right, truth, "attribution against the truth", **backwards(ours))
     if supported(bridge, "use_attn_result"):
-        close(wrong, attribution(bridge), atol=1e-4)  # TL's own wrong answer without the switch
+        assert_parity(wrong, attribution(bridge), "attribution, switch off", **backwards(ours))  # TL's own wrong answer
         bridge.set_use_attn_result(True)
-        close(right, attribution(bridge), atol=1e-5)
+        assert_parity(right, attribution(bridge), "attribution", **backwards(ours))
         bridge.set_use_attn_result(False)
         bridge.zero_grad()
 
@@ -432,7 +441,7 @@ def test_a_cache_is_keyed_by_tl_names_and_has_cache_dict(built, family):
     for key in shared:
         finite = theirs[key].isfinite()
         assert torch.equal(finite, cache[key].isfinite()), key
-        close(cache[key][finite], theirs[key][finite], atol=1e-4)
+        assert_parity(cache[key], theirs[key], key, **forwards(ours))
     assert list(picked) == [f"blocks.{layer}.attn.hook_pattern" for layer in range(LAYERS)]
     assert picked["layers.0.attn.probs"] is picked._tensors["layers.0.attn.probs"]
     plain = FAMILIES[family].lm.from_pretrained(directory)
@@ -454,8 +463,8 @@ def test_hook_dict_and_mod_dict_as_tl_s_hooked_root_module(built, family):
         ablated = ours(tokens)
         ours.reset_hooks()
         assert not torch.allclose(ablated, ours(tokens))
-        assert torch.allclose(ablated, ours.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z",
-                                                                               lambda z, hook: z * 0)]), atol=1e-5)
+        assert_parity(ablated, ours.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", lambda z, hook: z * 0)]),
+                      "ablated logits", **forwards(ours))
 
 
 @each_family
@@ -474,17 +483,17 @@ def test_tl_parameters_are_the_bridge_s_and_svd_interpreter_reads_them(built, fa
         assert torch.equal(mine[name], theirs[name]), name
     for kind, head in (("OV", 1), ("w_in", None), ("w_out", None)):
         ours_vectors = SVDInterpreter(ours).get_singular_vectors(kind, layer_index=1, num_vectors=4, head_index=head)
-        close(ours_vectors, SVDInterpreter(bridge).get_singular_vectors(kind, layer_index=1, num_vectors=4,
-                                                                      head_index=head), atol=1e-4)
+        assert_parity(ours_vectors, SVDInterpreter(bridge).get_singular_vectors(kind, layer_index=1, num_vectors=4,
+                                                                              head_index=head), kind, **forwards(ours))
 
 
 @each_family
 def test_ov_and_qk_are_tl_s_factored_matrices_or_refused_with_the_reason(built, family, monkeypatch):
     _, ours, bridge, _ = built(family)
     assert isinstance(ours.OV, transformer_lens.FactoredMatrix)
-    close(ours.OV.AB, bridge.OV.AB, atol=1e-4)
-    close(ours.QK.AB, bridge.QK.AB, atol=1e-4)
-    close(ours.blocks[1].attn.OV.AB, ours.OV.AB[1], atol=1e-5)
+    assert_parity(ours.OV.AB, bridge.OV.AB, "OV", **forwards(ours))
+    assert_parity(ours.QK.AB, bridge.QK.AB, "QK", **forwards(ours))
+    assert_parity(ours.blocks[1].attn.OV.AB, ours.OV.AB[1], "OV of block 1", **forwards(ours))
     monkeypatch.setitem(__import__("sys").modules, "transformer_lens", None)
     with pytest.raises(AttributeError, match="its FactoredMatrix class, and transformer_lens is not installed"):
         ours.OV
@@ -505,8 +514,8 @@ def test_hooks_as_a_context_takes_tl_s_fwd_and_bwd_hooks(built, family):
     assert len(grads) == 1 and grads[0].shape == (*tokens.shape, ours.cfg.d_model)
     assert not ours.__dict__.get("_added_hooks")  # reset_hooks_end, TL's default, removed the added hook
     with torch.no_grad():
-        assert torch.allclose(inside, ours.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero)]),
-                              atol=1e-5)
+        assert_parity(inside, ours.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero)]), "logits",
+                      **forwards(ours))
         assert not torch.allclose(inside, ours(tokens), atol=1e-3)  # the hooks went with the block
     ours.add_hook("blocks.0.hook_resid_post", lambda x, hook: None)
     with ours.hooks(fwd_hooks=[], reset_hooks_end=False):
@@ -529,11 +538,12 @@ def test_stop_at_layer_returns_the_stream_the_bridge_returns(built, family):
         stream = FAMILIES[family].stream(ours)
         for layer in (0, 1, -1, LAYERS):
             stopped = ours(tokens, stop_at_layer=layer)
-            close(stopped, full[stream.resid_pre(layer % LAYERS if layer < 0 else layer)], atol=1e-4)
+            assert_parity(stopped, full[stream.resid_pre(layer % LAYERS if layer < 0 else layer)], "stopped",
+                          **forwards(ours))
             if causal and layer < LAYERS:
-                close(stopped, bridge(tokens, stop_at_layer=layer), atol=1e-4)
+                assert_parity(stopped, bridge(tokens, stop_at_layer=layer), "stopped", **forwards(ours))
         resid, cache = ours.run_with_cache(tokens, stop_at_layer=1)
-    close(resid, cache["blocks.1.hook_resid_pre"], atol=0)
+    assert torch.equal(resid, cache["blocks.1.hook_resid_pre"])
     assert "blocks.0.hook_resid_post" in cache and "blocks.1.attn.hook_z" not in cache
     if causal:
         with torch.no_grad():
@@ -618,7 +628,8 @@ def test_to_tokens_pads_texts_of_different_lengths_so_detect_head_runs(built, fa
     assert torch.equal(ours.to_tokens(texts), bridge.to_tokens(texts))
     for pattern in ("previous_token_head", "duplicate_token_head"):
         with torch.no_grad():
-            close(detect_head(ours, texts, pattern), detect_head(bridge, texts, pattern), atol=1e-5)
+            assert_parity(detect_head(ours, texts, pattern), detect_head(bridge, texts, pattern), pattern,
+                          **forwards(ours))
 
 
 @each_family

@@ -29,7 +29,7 @@ from functools import partial
 import pytest
 import torch
 
-from helpers import byte_level_bpe, randomize_
+from helpers import assert_parity, byte_level_bpe, magnitude, model_sizes, randomize_
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (the test "
                                        "extra installs it: pip install -e '.[test]')")
@@ -236,6 +236,7 @@ def exploratory_demo(model, sample: list[int] | None = None) -> dict:
     corrupted_logits, corrupted_cache = model.run_with_cache(corrupted_tokens, return_type="logits")
     corrupted_average_logit_diff = logits_to_ave_logit_diff(corrupted_logits, answer_tokens)
     out["corrupted texts"] = model.to_string(corrupted_tokens)
+    out["baselines"] = torch.stack([original_average_logit_diff, corrupted_average_logit_diff])
 
     def patch_residual_component(corrupted_residual_component, hook, pos, clean_cache):
         corrupted_residual_component[:, pos, :] = clean_cache[hook.name][:, pos, :]
@@ -405,26 +406,41 @@ def small(tmp_path_factory):
         yield load_three(directory)
 
 
-def assert_same(ours, theirs, what: str, atol: float, rtol: float = 1e-4):
-    """Tensors within atol + rtol * |theirs| (infinities where theirs are), everything else equal."""
+def assert_same(ours, theirs, what: str, sizes: dict):
+    """Tensors and floats within assert_parity's bound for a model of `sizes` (model_sizes; infinities where
+    theirs are), everything else equal."""
     if isinstance(theirs, torch.Tensor):
-        assert isinstance(ours, torch.Tensor) and ours.shape == theirs.shape, f"{what}: {ours!r} against {theirs!r}"
-        ours, theirs = ours.detach().double().cpu(), theirs.detach().double().cpu()
-        finite = torch.isfinite(theirs)
-        assert torch.equal(ours[~finite], theirs[~finite]), f"{what}: not infinite where TL's is"
-        worst = float((ours - theirs)[finite].abs().max()) if bool(finite.any()) else 0.0
-        assert torch.allclose(ours[finite], theirs[finite], atol=atol, rtol=rtol), f"{what}: max |diff| {worst:.2e}"
+        assert isinstance(ours, torch.Tensor), f"{what}: {ours!r} against {theirs!r}"
+        assert_parity(ours.detach().cpu(), theirs.detach().cpu(), what, **sizes)
+    elif isinstance(theirs, (list, tuple)) and theirs and all(isinstance(b, float) for b in theirs):
+        # float32 numbers read out (.item()), held together: a 0 among them (a baseline) is on the others' scale
+        assert isinstance(ours, (list, tuple)), f"{what}: {ours!r} against {theirs!r}"
+        assert_parity(torch.tensor(ours), torch.tensor(theirs), what, **sizes, dtype=torch.float32)
     elif isinstance(theirs, (list, tuple)):
         assert len(ours) == len(theirs), f"{what}: {len(ours)} items against {len(theirs)}"
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            assert_same(a, b, f"{what}[{i}]", atol, rtol)
-    elif isinstance(theirs, float):
-        assert ours == pytest.approx(theirs, abs=atol, rel=rtol), f"{what}: {ours} against {theirs}"
+            assert_same(a, b, f"{what}[{i}]", sizes)
+    elif isinstance(theirs, float):  # a float32 number read out (.item())
+        assert_parity(torch.tensor([ours]), torch.tensor([theirs]), what, **sizes, dtype=torch.float32)
     else:
         assert ours == theirs, f"{what}: {ours!r} against {theirs!r}"
 
 
-def compare(ours: dict, theirs: dict, atol: float):
+# the demos' numbers that are differences of two logits: their error is the logits' (of their magnitude), however
+# small the difference
+LOGIT_DIFFERENCES = {"clean", "corrupted", "baselines", "per prompt logit diff", "average logit diff", "logit lens",
+                     "per layer", "per head", "post ablation logit diff", "naive prediction", "per head ablated"}
+
+
+def logits_magnitude(model) -> float:
+    """max |logits| of `model` on the tutorial's IOI prompts: the scale of a logit difference's error."""
+    with torch.no_grad():
+        return magnitude(model(model.to_tokens(ioi_prompts(model)[0], prepend_bos=True)))
+
+
+def compare(ours: dict, theirs: dict, sizes: dict, logits: float):
+    """Every number two runs of a demo give, within assert_parity's bound for a model of `sizes`; a logit
+    difference on the scale of the `logits` (logits_magnitude)."""
     assert ours.keys() == theirs.keys()
     for key in ours:
         if key == "hooks seen":
@@ -434,8 +450,16 @@ def compare(ours: dict, theirs: dict, atol: float):
             assert len(shared) >= 20 and "blocks.0.attn.hook_result" not in dict(ours[key])  # opt-in, as TL's
             assert [seen for seen in ours[key] if seen[0] in shared] == [
                 seen for seen in theirs[key] if seen[0] in shared]
+        elif key in LOGIT_DIFFERENCES:
+            assert_same(ours[key], theirs[key], key, dict(sizes, scale=logits))
+        elif key == "ioi" or key.startswith("patched "):
+            # (patched - corrupted) / (clean - corrupted): logit differences' errors over the baselines' gap (and
+            # through the quotient once more)
+            clean, corrupted = (theirs["clean"], theirs["corrupted"]) if key == "ioi" else theirs["baselines"]
+            gap = abs(float(clean - corrupted))
+            assert_same(ours[key], theirs[key], key, dict(sizes, scale=(1 + magnitude(theirs[key])) * logits / gap))
         else:
-            assert_same(ours[key], theirs[key], key, atol)
+            assert_same(ours[key], theirs[key], key, sizes)
 
 
 # ---- the tests -------------------------------------------------------------------------------------------------
@@ -443,12 +467,12 @@ def compare(ours: dict, theirs: dict, atol: float):
 
 def test_main_demo_gives_transformer_lens_numbers(small):
     ours, bridge, _ = small
-    compare(main_demo(ours), main_demo(bridge), atol=1e-4)
+    compare(main_demo(ours), main_demo(bridge), model_sizes(ours.cfg), logits_magnitude(bridge))
 
 
 def test_exploratory_analysis_demo_gives_transformer_lens_numbers(small):
     ours, bridge, _ = small
-    compare(exploratory_demo(ours), exploratory_demo(bridge), atol=1e-4)
+    compare(exploratory_demo(ours), exploratory_demo(bridge), model_sizes(ours.cfg), logits_magnitude(bridge))
 
 
 def test_direct_logit_attribution_gives_the_numbers_of_transformer_lens_with_fold_ln(small):
@@ -459,7 +483,7 @@ def test_direct_logit_attribution_gives_the_numbers_of_transformer_lens_with_fol
     # later calls are still ablated), so that line is ours alone
     assert abs(float(mine.pop("hooks removed"))) < 1e-5 and abs(float(theirs.pop("hooks removed"))) > 1e-3
     folded.reset_hooks()
-    compare(mine, theirs, atol=1e-4)
+    compare(mine, theirs, model_sizes(ours.cfg), logits_magnitude(folded))
     # and the tutorial's own check: the scaled final stream recovers the logit difference, less ln_f's bias (folded
     # into b_U by TL, which the tutorial's balanced prompts cancel only for a trained model)
     _, answers, answer_tokens = ioi_prompts(ours)
@@ -479,9 +503,10 @@ def test_the_tutorials_on_gpt2_124m_give_transformer_lens_numbers(tmp_path):
     write_gpt2(tmp_path, REAL, std=0.05)
     with torch.no_grad():
         ours, raw, folded = load_three(tmp_path)
-        compare(main_demo(ours, [11]), main_demo(raw, [11]), atol=1e-4)
-        compare(exploratory_demo(ours, []), exploratory_demo(raw, []), atol=1e-4)
+        compare(main_demo(ours, [11]), main_demo(raw, [11]), model_sizes(ours.cfg), logits_magnitude(raw))
+        compare(exploratory_demo(ours, []), exploratory_demo(raw, []), model_sizes(ours.cfg),
+                logits_magnitude(raw))
         mine, theirs = exploratory_attribution(ours), exploratory_attribution(folded)
         assert abs(float(mine.pop("hooks removed"))) < 1e-4
         theirs.pop("hooks removed")
-        compare(mine, theirs, atol=1e-4)
+        compare(mine, theirs, model_sizes(ours.cfg), logits_magnitude(folded))

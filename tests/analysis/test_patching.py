@@ -14,7 +14,7 @@ from scratch_models.analysis.patching import (SWEEPS, Patch, activation_patching
                                               get_act_patch_block_every, get_act_patch_resid_pre, hook_name,
                                               prompt_rows, run_patches)
 from scratch_models.registry.families import FAMILIES
-from helpers import assert_parity, each_family, randomize_
+from helpers import assert_parity, each_family, model_sizes, randomize_
 
 VOCAB, SEQ = 97, 7
 LAYERS = 2
@@ -83,7 +83,7 @@ def test_patching_everything_gives_the_clean_run_and_nothing_the_corrupted_run(f
     everything = [Patch(name, torch.ones(1, dtype=torch.bool)) for name in names]
     nothing = [Patch(name, torch.zeros(1, dtype=torch.bool)) for name in names]
     values = run_patches(model, corrupted, everything + nothing, clean_cache, all_logits, vector_metric=True)
-    # the patched copies run as a larger batch, whose matmuls may block (and round) otherwise: the fp32 bound
+    # the patched copies run as a larger batch, whose matmuls may block (and round) otherwise: assert_parity's bound
     clean_logits = all_logits(clean_output).detach()
     for i in range(len(names)):
         assert_parity(values[i], clean_logits, f"everything patched ({names[i]}) against the clean run")
@@ -126,7 +126,7 @@ def test_batched_sweeps_equal_one_forward_at_a_time(family, padding, path):
         sweep = SWEEPS[name]
         batched = sweep(model, corrupted, clean_cache, metric, batch_size=10)  # several chunks, one cut short
         alone = sweep(model, corrupted, clean_cache, metric, batch_size=1)
-        assert (batched - alone).abs().max() <= 1e-5, name
+        assert_parity(batched, alone, name, **model_sizes(model.config), dtype=torch.float32)
 
 
 @each_family
@@ -136,12 +136,13 @@ def test_batched_sweeps_equal_a_plain_loop(family, padding, path):
     clean, corrupted = with_path(prompts(padding, 1), path), with_path(prompts(padding, 2), path)
     _, clean_cache = model.run_with_cache(**clean)
     metric = answer_metric(corrupted)
+    sizes = dict(model_sizes(model.config), dtype=torch.float32)
     resid = get_act_patch_resid_pre(model, corrupted, clean_cache, metric)
-    assert (resid - naive_sweep(model, corrupted, clean_cache, metric, "resid_pre")).abs().max() <= 1e-5
+    assert_parity(resid, naive_sweep(model, corrupted, clean_cache, metric, "resid_pre"), "resid_pre", **sizes)
     mlp = SWEEPS["mlp_out"](model, corrupted, clean_cache, metric)
-    assert (mlp - naive_sweep(model, corrupted, clean_cache, metric, "mlp_out")).abs().max() <= 1e-5
+    assert_parity(mlp, naive_sweep(model, corrupted, clean_cache, metric, "mlp_out"), "mlp_out", **sizes)
     by_head = get_act_patch_attn_head_out_by_pos(model, corrupted, clean_cache, metric)
-    assert (by_head - naive_sweep(model, corrupted, clean_cache, metric, "z", by_head=True)).abs().max() <= 1e-5
+    assert_parity(by_head, naive_sweep(model, corrupted, clean_cache, metric, "z", by_head=True), "z", **sizes)
 
 
 @pytest.mark.parametrize("family", CAUSAL)
@@ -163,7 +164,7 @@ def test_patched_causal_runs_score_only_from_the_first_position_the_metric_reads
         handle.remove()
     every_position = get_act_patch_resid_pre(model, corrupted, clean_cache, lambda output: metric(output),
                                              batch_size=10)
-    assert (fast - every_position).abs().max() <= 1e-6
+    assert_parity(fast, every_position, "resid_pre", **model_sizes(model.config), dtype=torch.float32)
     first_read = int(last_positions(corrupted["attention_mask"]).min())
     assert kept[0] == 0 and len(kept) > 1  # the unpatched run scores every position
     assert set(kept[1:]) == {SEQ - first_read}
@@ -332,7 +333,7 @@ def test_prompt_rows_cuts_every_field(family):
     alone = model(**inputs, output_attentions=True, output_hidden_states=True)
     assert rows.logits.shape == alone.logits.shape
     assert len(rows.attentions) == LAYERS and rows.attentions[0].shape == alone.attentions[0].shape
-    assert torch.allclose(rows.hidden_states[-1], alone.hidden_states[-1], atol=1e-5)
+    assert_parity(rows.hidden_states[-1], alone.hidden_states[-1], "last hidden state")
     with pytest.raises(ValueError, match="loss is one value for the whole batch"):
         prompt_rows(model(**inputs, labels=inputs["input_ids"]), 0, 1)
 

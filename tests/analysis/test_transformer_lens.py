@@ -15,7 +15,7 @@ from scratch_models import (BertConfig, BertForMaskedLM, BertForSequenceClassifi
                             GPT2LMHeadModel)
 from scratch_models.analysis.metrics import LogitDiff, last_positions
 from scratch_models.analysis.patching import get_act_patch_resid_pre
-from helpers import randomize_
+from helpers import assert_parity, model_sizes, randomize_
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -114,12 +114,11 @@ def test_norm_hooks_are_tl_s_and_real_points(family, dtype):
         norms = [("blocks.1.ln1", "layers.1.attn.out", model.layers[1].attn.norm),
                  ("blocks.0.ln2", "layers.0.out", model.layers[0].mlp.norm),
                  ("embed_ln", "embeddings.out", model.embeddings.norm)]
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     for lens, ours, norm in norms:
         scale, normalized = cache[f"{lens}.hook_scale"], cache[f"{lens}.hook_normalized"]
         assert scale.shape == (2, SEQ, 1) and scale.dtype == torch.float32  # in float32 at least, as TL's
         rebuilt = (normalized.float() * norm.weight.float() + norm.bias.float()).to(dtype)
-        assert torch.allclose(rebuilt, cache[ours], atol=tolerance, rtol=tolerance), lens
+        assert_parity(rebuilt, cache[ours], lens, terms=1)  # one multiply-add apart
     seen = []
     lens, ours, norm = norms[1]
     with torch.no_grad():
@@ -127,9 +126,9 @@ def test_norm_hooks_are_tl_s_and_real_points(family, dtype):
         _, doubled = model.run_with_cache(**inputs("right"), names=[ours], fwd_hooks=[
             (f"{lens}.hook_scale", lambda t, hook: t * 2)])
     # (the cache took the explicit attention path, to keep the probabilities; this run the fused one)
-    assert torch.allclose(seen[0], cache[f"{lens}.hook_scale"], atol=tolerance, rtol=tolerance)
+    assert_parity(seen[0], cache[f"{lens}.hook_scale"], "hook_scale", **model_sizes(model.config), dtype=dtype)
     halved = ((cache[ours].float() - norm.bias.float()) / 2 + norm.bias.float()).to(dtype)
-    assert torch.allclose(doubled[ours], halved, atol=tolerance, rtol=tolerance)
+    assert_parity(doubled[ours], halved, "scale doubled", **model_sizes(model.config), dtype=dtype)
     names = [f"{lens}.hook_scale", f"{lens}.hook_normalized"]
     _, grads = model.run_with_cache(**inputs("right"), names=names, incl_bwd=True,
                                     metric=lambda out: out.logits[:, -1, 3].sum())
@@ -178,7 +177,8 @@ def test_names_filter_caches_what_tl_s_filter_names(family):
         _, by_glob = model.run_with_cache(**inputs("left"), names="layers.*.attn.probs")
     assert list(by_filter) == ["layers.0.attn.context", "layers.1.attn.context"]
     # (`everything` took the explicit attention path, to keep the probabilities; `by_filter` the fused one)
-    assert torch.allclose(by_filter["blocks.1.attn.hook_z"], everything["blocks.1.attn.hook_z"], atol=1e-5, rtol=1e-5)
+    assert_parity(by_filter["blocks.1.attn.hook_z"], everything["blocks.1.attn.hook_z"], "hook_z",
+                  **model_sizes(model.config))
     assert list(by_name) == ["layers.0.out"]
     assert list(by_list) == ["layers.0.attn.probs", "layers.1.mlp.proj"]
     assert list(by_glob) == ["layers.0.attn.probs", "layers.1.attn.probs"]
@@ -221,12 +221,13 @@ def test_fwd_hooks_get_tl_s_tensor_and_a_hook_and_edit_what_ours_edit(family, pa
     assert calls == [("blocks.1.attn.hook_z", 1, (2, SEQ, 3, 16))]
     # (the edit in place leaves the context in the fused kernel's memory layout, the clone does not: the output
     # projection then rounds its sums in another order)
-    assert torch.allclose(tl.logits, ours.logits, atol=1e-5) and not torch.allclose(tl.logits, plain.logits)
+    assert_parity(tl.logits, ours.logits, "logits", **model_sizes(model.config))
+    assert not torch.allclose(tl.logits, plain.logits)
     # a TL name given our way: fn(tensor in TL's layout, name)
     with torch.no_grad():
         mixed = model.run_with_hooks(**inputs(padding), hooks=[("blocks.1.attn.hook_z", lambda z, name: z * 0.0)])
         zeroed = model.run_with_hooks(**inputs(padding), hooks=[("layers.1.attn.context", lambda c, name: c * 0.0)])
-    assert torch.allclose(mixed.logits, zeroed.logits, atol=1e-5)
+    assert_parity(mixed.logits, zeroed.logits, "logits", **model_sizes(model.config))
 
 
 def test_a_tl_filter_picks_tl_names_in_forward_order_and_one_that_picks_none_is_an_error():
@@ -254,7 +255,8 @@ def test_bwd_hooks_see_the_gradient_in_tl_s_layout_and_may_replace_it(family):
     out.logits.sum().backward()
     _, cache = model.run_with_cache(**inputs("right"), names=["layers.1.attn.context"], incl_bwd=True,
                                     metric=lambda output: output.logits.sum())
-    assert torch.allclose(grads["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_z_grad"], atol=1e-6)
+    assert_parity(grads["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_z_grad"], "hook_z gradient",
+                  **model_sizes(model.config, backward=True))
     assert torch.equal(cache["blocks.1.attn.hook_z_grad"], cache["layers.1.attn.context_grad"].transpose(1, 2))
     model.zero_grad()
     out = model.run_with_hooks(**inputs("right"), bwd_hooks=[("blocks.0.hook_resid_post", lambda g, hook: g * 0)])
@@ -280,7 +282,7 @@ def test_hooks_added_to_the_model_last_until_reset_as_tl_s_do():
         model.blocks[0].attn.hook_z.add_hook(ablate)
         assert torch.equal(model(**inputs()).logits, expected)  # a plain call keeps it
         ablated, cache = model.run_with_cache(**inputs())  # reset_hooks_end (TL's default) removes it after the run
-        assert torch.allclose(ablated.logits, expected, atol=1e-6)
+        assert_parity(ablated.logits, expected, "logits", **model_sizes(model.config))
         assert bool((cache["blocks.0.attn.hook_z"][:, -1, 2] == 0).all())
         assert torch.equal(model(**inputs()).logits, plain)
         model.add_hook(lambda name: name.endswith("hook_z"), ablate, is_permanent=True)
@@ -332,13 +334,13 @@ def test_tl_s_weights_compute_what_the_model_computes(family, tie):
         for kind in "QKV":
             computed = torch.einsum("bsh,nhd->bsnd", x, getattr(block.attn, f"W_{kind}")) + getattr(
                 block.attn, f"b_{kind}")
-            assert torch.allclose(computed, cache[f"blocks.{layer}.attn.hook_{kind.lower()}"], atol=1e-5), kind
+            assert_parity(computed, cache[f"blocks.{layer}.attn.hook_{kind.lower()}"], kind, terms=h)
         attn_out = torch.einsum("bsnd,ndh->bsh", cache[f"blocks.{layer}.attn.hook_z"], block.attn.W_O) + block.attn.b_O
-        assert torch.allclose(attn_out, cache[f"blocks.{layer}.hook_attn_out"], atol=1e-5)
+        assert_parity(attn_out, cache[f"blocks.{layer}.hook_attn_out"], "attn_out", terms=h)
         pre = cache[mlp_in.format(l=layer)] @ block.mlp.W_in + block.mlp.b_in
-        assert torch.allclose(pre, cache[f"blocks.{layer}.mlp.hook_pre"], atol=1e-5)
+        assert_parity(pre, cache[f"blocks.{layer}.mlp.hook_pre"], "mlp pre", terms=h)
         out = cache[f"blocks.{layer}.mlp.hook_post"] @ block.mlp.W_out + block.mlp.b_out
-        assert torch.allclose(out, cache[f"blocks.{layer}.hook_mlp_out"], atol=1e-5)
+        assert_parity(out, cache[f"blocks.{layer}.hook_mlp_out"], "mlp_out", terms=model.cfg.d_mlp)
     assert torch.equal(model.W_E, model.embed.W_E) and torch.equal(model.W_pos[:SEQ], cache["hook_pos_embed"][0])
     if family == "gpt2":
         logits = cache["ln_final.hook_out"] @ model.W_U + model.b_U
@@ -347,7 +349,7 @@ def test_tl_s_weights_compute_what_the_model_computes(family, tie):
         logits = model.ln_final.w * F.layer_norm(head.act(head.dense(cache["blocks.1.hook_normalized_resid_post"])),
                                                  (h,), eps=head.norm.eps) + model.ln_final.b
         logits = logits @ model.unembed.W_U + model.unembed.b_U
-    assert torch.allclose(logits, cache["logits"], atol=1e-4)
+    assert_parity(logits, cache["logits"], "logits", terms=h, depth=3)  # BERT's MLM head: dense, norm, decoder
     # weights are views of the parameters: a gradient through them reaches the model's
     model.blocks[0].attn.W_O.sum().backward()
     assert sum(int(p.grad is not None) for p in model.layers[0].attn.parameters()) == 1
@@ -451,7 +453,7 @@ def test_text_in_and_tl_s_return_types(tiny_gpt2):
         batch = lens(texts, prepend_bos=False)
         for row, one in enumerate(texts):
             alone = lens(one, prepend_bos=False)[0]
-            assert torch.allclose(batch[row, :alone.shape[0]], alone, atol=1e-5)
+            assert_parity(batch[row, :alone.shape[0]], alone, f"row {row}", **model_sizes(lens.cfg))
         per_token = lens(texts, prepend_bos=False, return_type="loss", loss_per_token=True)
         assert per_token.shape == (2, batch.shape[1] - 1) and float(per_token[0, 2:].abs().max()) == 0.0
     assert lens.to_tokens(text)[0, 0] == 0 and model.to_tokens(text)[0, 0] != 0
@@ -514,8 +516,9 @@ def test_patching_metrics_get_the_logits_and_logit_diff_reads_the_last_position(
                     resid[:, position] = clean_cache[hook.name][:, position]
                 naive[layer, position] = tl_metric(lens.run_with_hooks(
                     corrupted, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", patch)]))
-    assert torch.allclose(by_tl, naive.double(), atol=1e-5)
-    assert torch.equal(by_ours, by_positions) and torch.allclose(by_ours, by_tl, atol=1e-5)
+    assert_parity(by_tl, naive.double(), "TL's sweep", **model_sizes(lens.cfg), dtype=torch.float32)
+    assert torch.equal(by_ours, by_positions)
+    assert_parity(by_ours, by_tl, "our sweep", **model_sizes(lens.cfg), dtype=torch.float32)
     # no positions: refused where the last position is not each prompt's end, or not what the model predicts
     padded = ours.tokenizer(["Once upon a time", "Once upon a time there lived"])
     _, padded_cache = ours.run_with_cache(**padded)

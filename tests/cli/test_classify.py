@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import each_family, reference, save
+from helpers import assert_parity, each_family, magnitude, reference, save
 from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.classify import classify
 from scratch_models_cli.cli import main
@@ -51,10 +51,13 @@ def test_sequence_labels_and_probabilities_match_transformers(tmp_path, capsys, 
                              problem_type=problem_type)
     result = classify(str(tmp_path / "head"), "What a lovely day.")
     with torch.no_grad():
-        scores = expected(theirs(**tokenizer("What a lovely day.", return_tensors="pt")).logits[0])
+        logits = theirs(**tokenizer("What a lovely day.", return_tensors="pt")).logits[0]
+        scores = expected(logits)
     assert result.head == class_name and result.kind == "labels"
     assert [label for label, _ in result.rows] == [LABELS[int(i)] for i in scores.argsort(descending=True)]
-    assert [score for _, score in result.rows] == pytest.approx(sorted(scores.tolist(), reverse=True), abs=1e-6)
+    # a probability's error is at most its logits' (softmax and sigmoid change by at most half as much)
+    assert_parity(torch.tensor([score for _, score in result.rows]), scores.sort(descending=True).values, "scores",
+                  scale=magnitude(logits))
     assert main(["classify", str(tmp_path / "head"), "What a lovely day.", "--top-k", "2"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == f"{class_name}: scores, best first" and len(printed) == 3
@@ -73,12 +76,14 @@ def test_token_labels_match_transformers(tmp_path, family_checkpoints, family, c
     result = classify(str(tmp_path / "head"), text)
     batch = tokenizer(text, return_tensors="pt")
     with torch.no_grad():
-        probabilities = theirs(**batch).logits[0].softmax(-1)
+        logits = theirs(**batch).logits[0]
+        probabilities = logits.softmax(-1)
     tokens = [tokenizer.decode([i]) for i in batch["input_ids"][0].tolist()]  # each token as decode([id]) gives it
     assert result.kind == "tokens"
     assert [row[0] for row in result.rows] == [f"{token} {names[int(i)]}" for token, i in
                                                zip(tokens, probabilities.argmax(-1))]
-    assert [row[1] for row in result.rows] == pytest.approx(probabilities.max(-1).values.tolist(), abs=1e-6)
+    assert_parity(torch.tensor([row[1] for row in result.rows]), probabilities.max(-1).values, "probabilities",
+                  scale=magnitude(logits))
 
 
 @pytest.mark.parametrize("family, class_name", classifiers("span"))
@@ -98,8 +103,9 @@ def test_question_answering_span_is_the_best_allowed_one(tmp_path, capsys, famil
     answer, probability = result.rows[0]
     assert result.kind == "span"
     assert answer == tokenizer.decode(batch["input_ids"][0, best[0]:best[1] + 1])
-    assert probability == pytest.approx(float(out.start_logits[0].softmax(-1)[best[0]]
-                                              * out.end_logits[0].softmax(-1)[best[1]]), abs=1e-6)
+    assert_parity(torch.tensor([probability]), out.start_logits[0].softmax(-1)[best[0]][None]
+                  * out.end_logits[0].softmax(-1)[best[1]], "span probability",
+                  scale=2 * magnitude(torch.cat([out.start_logits, out.end_logits])))  # a product of two
     assert main(["classify", str(tmp_path / "head"), question]) == 2
     assert "give the question as the text and the context as --pair" in capsys.readouterr().err
 

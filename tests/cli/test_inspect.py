@@ -24,8 +24,7 @@ from scratch_models.registry.families import FAMILIES
 from scratch_models_docs.hook_names import hook_names_markdown
 from scratch_models_cli.verify import at_sighted
 from weight_mapping import embedded_checkpoint
-from helpers import LOGITS_ATOL, assert_parity, each_family, padded_batch, reference, save, sighted
-
+from helpers import assert_parity, each_family, model_sizes, padded_batch, reference, save, sighted
 MINILM = embedded_checkpoint()
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,10 +43,11 @@ def cached_by_default(model) -> list[str]:
     return [name for name, point in model.hook_points().items() if not point.opt_in]
 
 
-def check_output_fields(family: str, cache: dict, reference_out, num_layers: int, atol: float = 1e-5,
+def check_output_fields(family: str, cache: dict, reference_out, num_layers: int, sizes: dict,
                         dims: dict | None = None, seen: torch.Tensor | None = None):
     """Every equality docs/hook_names.md claims (each family's output_fields) holds against transformers' outputs, at the queries
-    marked in `seen` [b, s] (None: everywhere), located through the hook points' `dims`."""
+    marked in `seen` [b, s] (None: everywhere), located through the hook points' `dims`; within assert_parity's bound
+    for the model's `sizes` (model_sizes)."""
     fields = {k: v for k, v in reference_out.items() if v is not None}
     declared = FAMILIES[family].output_fields
     final_norm = "hidden_states[-1]" in declared.values()  # transformers puts it in the last layer's place
@@ -64,7 +64,7 @@ def check_output_fields(family: str, cache: dict, reference_out, num_layers: int
                 cache_at, ref = at_sighted(cache[name], dims[name], seen), at_sighted(ref, dims[name], seen)
             else:
                 cache_at = cache[name]
-            assert_parity(cache_at, ref, f"{name} = {expression}", atol=max(atol, 1e-5))
+            assert_parity(cache_at, ref, f"{name} = {expression}", **sizes)
             checked += 1
     return checked
 
@@ -77,7 +77,7 @@ def test_minilm_cache_equals_transformers_at_every_documented_point(minilm):
         ref = reference(**batch, output_hidden_states=True, output_attentions=True)
     assert set(cache) == set(cached_by_default(model))
     # embeddings.out, 6 x attention probabilities, 6 x layer output, pooler
-    assert check_output_fields("bert", cache, ref, num_layers=6) == 1 + 6 + 6 + 1
+    assert check_output_fields("bert", cache, ref, num_layers=6, sizes=model_sizes(model.config)) == 1 + 6 + 6 + 1
     assert torch.equal(out.last_hidden_state, cache["layers.5.out"])
 
 
@@ -95,8 +95,8 @@ def test_lm_cache_equals_transformers_at_every_documented_point(tmp_path, family
     seen = sighted(family, batch["attention_mask"])
     assert not seen.all()
     layers = len(model.layers)
-    assert check_output_fields(family, cache, ref, num_layers=layers, atol=LOGITS_ATOL, dims=model.hook_dims(),
-                               seen=seen) == 1 + layers + layers + 1
+    assert check_output_fields(family, cache, ref, num_layers=layers, sizes=model_sizes(model.config),
+                               dims=model.hook_dims(), seen=seen) == 1 + layers + layers + 1
     if "hidden_states[-1]" in FAMILIES[family].output_fields.values():
         # the exception the page states: the last layer's output is not hidden_states[-1], the final norm's is
         assert not torch.allclose(cache[f"layers.{layers - 1}.out"], ref.hidden_states[-1])

@@ -17,7 +17,7 @@ from scratch_models_cli.cli import main
 from scratch_models_cli.fill_mask import fill_mask
 from scratch_models_cli.verify import verify
 from weight_mapping import embedded_checkpoint
-from helpers import assert_parity, each_family, randomize_, reference, save
+from helpers import assert_parity, each_family, model_sizes, randomize_, reference, save
 
 MINILM = embedded_checkpoint()
 PAIRS = (["A man is playing a guitar on the stage.", "Time flies."],
@@ -39,12 +39,13 @@ def test_minilm_every_output_matches_transformers(minilm_batch):
         out = ours(**minilm_batch, output_hidden_states=True, output_attentions=True)
         fused = ours(**minilm_batch)
     assert len(out.hidden_states) == 7 and len(out.attentions) == 6
+    sizes = model_sizes(ours.config)
     for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-        assert_parity(a, b, f"hidden_states[{i}]")
+        assert_parity(a, b, f"hidden_states[{i}]", **sizes)
     for i, (a, b) in enumerate(zip(out.attentions, ref.attentions)):
-        assert_parity(a, b, f"attentions[{i}]")
-    assert_parity(out.pooler_output, ref.pooler_output, "pooler_output")
-    assert_parity(fused.last_hidden_state, ref.last_hidden_state, "last_hidden_state, fused attention path")
+        assert_parity(a, b, f"attentions[{i}]", **sizes)
+    assert_parity(out.pooler_output, ref.pooler_output, "pooler_output", **sizes)
+    assert_parity(fused.last_hidden_state, ref.last_hidden_state, "last_hidden_state, fused attention path", **sizes)
     assert fused.attentions is None and fused.hidden_states is None
 
 
@@ -56,7 +57,7 @@ def test_verify_minilm_every_sublayer(minilm_batch):
         assert [f"layers.{i}.attn.probs", f"layers.{i}.attn.out", f"layers.{i}.mlp.post_act",
                 f"layers.{i}.out"] == names[1 + 4 * i: 5 + 4 * i]
     assert report.passed, report.format()
-    assert max(row.max_abs for row in report.rows) <= 1e-5
+    assert all(row.passed for row in report.rows), report.format()  # verify's own fp32 bound, row by row
 
 
 def test_verify_catches_a_wrong_layer_and_isolate_pins_it(monkeypatch):
@@ -120,7 +121,8 @@ def test_fill_mask_matches_transformers(tmp_path, capsys):
     for position, candidates in results:
         top = probabilities[position].topk(5)
         assert [token for token, _ in candidates] == tokenizer.convert_ids_to_tokens(top.indices.tolist())
-        assert_parity(torch.tensor([p for _, p in candidates]), top.values, "fill-mask probabilities")
+        assert_parity(torch.tensor([p for _, p in candidates]), top.values, "fill-mask probabilities",
+                      **model_sizes(reference.config, reference.config.vocab_size))  # a softmax over the vocabulary
     assert main(["fill-mask", str(tmp_path), text, "--top-k", "3"]) == 0
     assert capsys.readouterr().out.count("mask at token") == 2
 

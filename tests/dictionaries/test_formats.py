@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from dictionary_data import random_sae
-from helpers import fake_hub, fake_hub_cache
+from helpers import assert_parity, fake_hub, fake_hub_cache
 from scratch_models.dictionaries import SAE, DictionaryError
 
 ARCHITECTURES = ("standard", "topk", "jumprelu", "gated")
@@ -85,8 +85,8 @@ def test_expected_average_only_in_needs_its_factor_and_folds_it(tmp_path):
     x = torch.randn(6, 12)
     assert folded.cfg.normalize_activations == "none"
     # the folded weights read x as the dictionary reads 2.5 x, and give back its reconstruction scaled down again
-    assert torch.allclose(folded.encode(x), sae.encode(2.5 * x), atol=1e-5)
-    assert torch.allclose(folded(x), sae(2.5 * x) / 2.5, atol=1e-5)
+    assert_parity(folded.encode(x), sae.encode(2.5 * x), "folded encode", terms=12)
+    assert_parity(folded(x), sae(2.5 * x) / 2.5, "folded reconstruction", terms=40, depth=2)
 
 
 def gemma_scope_params(path, d_model=12, d_sae=40, seed=0):
@@ -144,11 +144,11 @@ def test_sparsify_files_and_its_encoder(tmp_path):
     pre = F.relu(F.linear(x - t["b_dec"], t["encoder.weight"], t["encoder.bias"]))
     values, indices = pre.topk(5, dim=-1)
     ours = sae.encode(x)
-    assert torch.allclose(ours.gather(-1, indices), values, atol=1e-6)
+    assert_parity(ours.gather(-1, indices), values, "top-k values", terms=12)
     assert int((ours > 0).sum(-1).max()) <= 5 and torch.equal((ours > 0), torch.zeros_like(ours).scatter(
         -1, indices, values).gt(0))
     reference = (values[..., None] * t["W_dec"][indices]).sum(-2) + t["b_dec"]
-    assert torch.allclose(sae.decode(ours), reference, atol=1e-5)
+    assert_parity(sae.decode(ours), reference, "decode", terms=5)
 
 
 def test_hub_ids_resolve_folders_like_checkpoints(monkeypatch, tmp_path):

@@ -25,6 +25,7 @@ from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig  # noqa: E
 from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig  # noqa: E402
 
 from dictionary_data import random_sae, randomize_  # noqa: E402
+from helpers import assert_parity, model_sizes  # noqa: E402
 from scratch_models.dictionaries import SAE  # noqa: E402
 
 THEIRS = {"standard": (StandardSAE, StandardSAEConfig), "topk": (TopKSAE, TopKSAEConfig),
@@ -134,7 +135,9 @@ def test_the_spliced_forward_is_hooked_sae_transformers(models, hook, d_in):
     tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         plain_tl, plain_ours = tl(tokens), ours_model(tokens)
-        torch.testing.assert_close(plain_ours, plain_tl, atol=1e-4, rtol=1e-4)  # the models agree to start with
+        sizes = model_sizes(ours_model.config)
+        spliced = dict(terms=max(sizes["terms"], 96), depth=sizes["depth"] + 2)  # + the dictionary's two sums
+        assert_parity(plain_ours, plain_tl, "logits", **sizes)  # the models agree to start with
         names = [f"{hook}.hook_sae_acts_post", f"{hook}.hook_sae_recons"]
         for error_term in (False, True):
             logits_tl, cache_tl = tl.run_with_cache_with_saes(tokens, saes=[reference], use_error_term=error_term)
@@ -148,12 +151,12 @@ def test_the_spliced_forward_is_hooked_sae_transformers(models, hook, d_in):
             assert (cache_ours[names[0]] > 0).any() and (cache_ours[names[0]] == 0).any()
             # ... and on its own model's input, within the two models' rounding
             for name in names:
-                torch.testing.assert_close(cache_ours[name], cache_tl[name], atol=2e-4, rtol=1e-3)
-            torch.testing.assert_close(logits_ours, logits_tl, atol=1e-4, rtol=1e-4)
+                assert_parity(cache_ours[name], cache_tl[name], name, **spliced)
+            assert_parity(logits_ours, logits_tl, "logits with the dictionary", **spliced)
             if error_term:  # the error term gives back the model's own output: ours to the bit
                 assert torch.equal(logits_ours, ours_model.run_with_cache(tokens)[0])  # a cache: explicit attention
-                torch.testing.assert_close(cache_ours[f"{hook}.hook_sae_error"], cache_tl[f"{hook}.hook_sae_error"],
-                                           atol=2e-4, rtol=1e-3)
+                assert_parity(cache_ours[f"{hook}.hook_sae_error"], cache_tl[f"{hook}.hook_sae_error"],
+                              "hook_sae_error", **spliced)
             else:
                 assert not torch.allclose(logits_ours, plain_ours, atol=1e-3)
         assert ours_model.acts_to_saes == {} and tl.acts_to_saes == {}

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dictionary_data import random_sae, tiny_model
+from helpers import assert_parity, model_sizes
 from scratch_models.analysis.patching import Patch, run_patches
 from scratch_models.dictionaries import DictionaryError, Splice
 from scratch_models.registry.families import FAMILIES
@@ -115,7 +116,7 @@ def test_an_edited_feature_reaches_the_output_and_nothing_else_moves(tiny_lm):
                          lambda out: out.logits[:, -1, 3], batch_size=4)
     one = tiny_lm.run_with_hooks(**batch, hooks=[("layers.0.out.sae.acts", lambda t, _: torch.where(
         torch.arange(40) == feature, source["layers.0.out.sae.acts"], t))]).logits[:, -1, 3]
-    torch.testing.assert_close(values[0], one.double(), atol=1e-5, rtol=0)
+    assert_parity(values[0], one.double(), "patched logits", **model_sizes(tiny_lm.config), dtype=torch.float32)
 
 
 def test_gradients_are_the_models_own_and_the_features_read_the_decoder(tiny_lm):
@@ -130,12 +131,13 @@ def test_gradients_are_the_models_own_and_the_features_read_the_decoder(tiny_lm)
     tiny_lm.attach(sae)
     out, after = tiny_lm.run_with_cache(**batch, incl_bwd=True, metric=metric)
     assert torch.equal(out.logits, plain.logits)  # a cache's gradient stand-ins change nothing either
+    sizes = model_sizes(tiny_lm.config, backward=True)
     for name in names:
-        torch.testing.assert_close(after[f"{name}_grad"], before[f"{name}_grad"], atol=1e-6, rtol=1e-5)
+        assert_parity(after[f"{name}_grad"], before[f"{name}_grad"], f"{name}_grad", **sizes)
     # d metric / d acts = (d metric / d stream) · W_decᵀ: the feature's direction, read by the rest of the model
-    torch.testing.assert_close(after["layers.0.out.sae.acts_grad"], before["layers.0.out_grad"] @ sae.W_dec.T,
-                               atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(after["layers.0.out.sae.error_grad"], before["layers.0.out_grad"], atol=1e-6, rtol=0)
+    assert_parity(after["layers.0.out.sae.acts_grad"], before["layers.0.out_grad"] @ sae.W_dec.T, "acts_grad",
+                  **sizes)
+    assert_parity(after["layers.0.out.sae.error_grad"], before["layers.0.out_grad"], "error_grad", **sizes)
 
 
 def test_several_dictionaries_each_at_its_point(tiny_lm):

@@ -20,8 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from scratch_models import BertModel, CheckpointError, ConfigError
 from scratch_models.registry.families import FAMILIES
-from helpers import LOGITS_ATOL, assert_parity, each_family, fake_hub, fused_attention, http_error, reference
-
+from helpers import assert_parity, each_family, fake_hub, fused_attention, http_error, reference
 POSITIONS = 9
 each_causal = pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if family.causal])
 each_paired = pytest.mark.parametrize("family", [name for name, family in FAMILIES.items() if family.pairs])
@@ -569,9 +568,9 @@ def test_all_zero_mask_row_is_finite_and_attends_to_nothing(saved, models, famil
     assert not explicit.attentions[0][1].any()
     spread = ref.attentions[0][1]  # [heads, 3, 3]
     assert torch.allclose(spread, torch.full_like(spread, 1 / 3))
-    assert_parity(explicit.logits[0], ref.logits[0], "logits of the real row, explicit attention", atol=LOGITS_ATOL)
-    assert_parity(explicit.logits, ref_sdpa.logits, "logits, explicit attention against SDPA", atol=LOGITS_ATOL)
-    assert_parity(fused.logits, ref_sdpa.logits, "logits, fused attention against SDPA", atol=LOGITS_ATOL)
+    assert_parity(explicit.logits[0], ref.logits[0], "logits of the real row, explicit attention")
+    assert_parity(explicit.logits, ref_sdpa.logits, "logits, explicit attention against SDPA")
+    assert_parity(fused.logits, ref_sdpa.logits, "logits, fused attention against SDPA")
     assert "all 0" in FAMILIES[family].base.forward.__doc__
 
 

@@ -6,8 +6,7 @@ import torch
 import transformers
 
 from scratch_models import BertForMaskedLM, BertModel
-from helpers import LOGITS_ATOL, assert_parity, randomize_, write_config, write_weights
-
+from helpers import assert_parity, model_sizes, randomize_, write_config, write_weights
 SMALL = dict(vocab_size=101, hidden_size=48, num_hidden_layers=1, num_attention_heads=3, intermediate_size=37,
              max_position_embeddings=33, type_vocab_size=3, layer_norm_eps=1e-7)
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -54,16 +53,16 @@ def check_against(reference: transformers.BertForPreTraining, directory, inputs)
         out = base(**inputs, output_hidden_states=True, output_attentions=True)
         fused = base(**inputs)  # no probabilities asked: the fused SDPA path
         mlm = BertForMaskedLM.from_pretrained(directory)(**inputs)
-    worst = {}
+    worst, sizes = {}, model_sizes(reference.config)
     assert len(out.hidden_states) == len(ref_base.hidden_states) == reference.config.num_hidden_layers + 1
-    worst["hidden_states"] = max(assert_parity(a, b, f"hidden_states[{i}]")
+    worst["hidden_states"] = max(assert_parity(a, b, f"hidden_states[{i}]", **sizes)
                                  for i, (a, b) in enumerate(zip(out.hidden_states, ref_base.hidden_states)))
-    worst["attentions"] = max(assert_parity(a, b, f"attentions[{i}]")
+    worst["attentions"] = max(assert_parity(a, b, f"attentions[{i}]", **sizes)
                               for i, (a, b) in enumerate(zip(out.attentions, ref_base.attentions)))
-    worst["pooler"] = assert_parity(out.pooler_output, ref_base.pooler_output, "pooler_output")
+    worst["pooler"] = assert_parity(out.pooler_output, ref_base.pooler_output, "pooler_output", **sizes)
     worst["sdpa last_hidden_state"] = assert_parity(fused.last_hidden_state, ref_base.last_hidden_state,
-                                                    "last_hidden_state (SDPA path)")
-    worst["logits"] = assert_parity(mlm.logits, ref.prediction_logits, "MLM logits", atol=LOGITS_ATOL)
+                                                    "last_hidden_state (SDPA path)", **sizes)
+    worst["logits"] = assert_parity(mlm.logits, ref.prediction_logits, "MLM logits", **sizes)
     return worst
 
 
@@ -97,7 +96,7 @@ def test_transformers_sharded_save_with_tied_decoder_dropped(tmp_path):
     with torch.no_grad():
         ref_logits = mlm.eval()(**inputs).logits
         ours = BertForMaskedLM.from_pretrained(tmp_path)
-        assert_parity(ours(**inputs).logits, ref_logits, "logits", atol=LOGITS_ATOL)
+        assert_parity(ours(**inputs).logits, ref_logits, "logits")
     assert "cls.predictions.decoder.weight" not in ours.loading_info.loaded.values()
 
 

@@ -8,7 +8,7 @@ import torch
 import transformers
 from safetensors import safe_open
 
-from helpers import LOGITS_ATOL, assert_parity, sighted, write_config, write_weights
+from helpers import assert_parity, sighted, write_config, write_weights
 from scratch_models import BertForMaskedLM, BertModel, GPT2LMHeadModel, GPT2Model
 from scratch_models_cli.cli import main
 from test_bert import SMALL as BERT_SMALL, hf_pretraining_model, legacy_state, padded_inputs as bert_inputs
@@ -91,7 +91,7 @@ def assert_same_outputs(model, theirs, inputs):
     for i, (a, b) in enumerate(zip(out.attentions, ref.attentions, strict=True)):
         assert_parity(a.transpose(1, 2)[seen], b.transpose(1, 2)[seen], f"attentions[{i}]")
     if getattr(out, "logits", None) is not None:
-        assert_parity(out.logits[seen], ref.logits[seen], "logits", atol=LOGITS_ATOL)
+        assert_parity(out.logits[seen], ref.logits[seen], "logits")
     elif getattr(out, "pooler_output", None) is not None:
         assert_parity(out.pooler_output[seen.all(-1)], ref.pooler_output[seen.all(-1)], "pooler_output")
 

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import LOGITS_ATOL, assert_parity, each_family, padded_batch, reference, save
+from helpers import assert_parity, each_family, padded_batch, reference, save
 from scratch_models.registry.families import FAMILIES
 
 # a padding id every family's tiny vocabulary has, so sequence classifiers take batches
@@ -76,7 +76,7 @@ def test_every_class_computes_what_transformers_computes_from_inputs_embeds(save
         fields = tensors(out)
         assert fields and set(fields) <= set(tensors(ref)), name
         for field, value in fields.items():
-            assert_parity(value, ref[field], f"{name}: {field}", atol=LOGITS_ATOL if "logits" in field else 1e-5)
+            assert_parity(value, ref[field], f"{name}: {field}")
         for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states, strict=True)):
             assert_parity(a, b, f"{name}: hidden_states[{i}]")
 
@@ -148,7 +148,7 @@ def test_a_kv_cache_started_from_inputs_embeds_continues_with_input_ids(saved, f
         rest = model(ids[:, 4:], past_key_values=first.past_key_values)
         whole = theirs(inputs_embeds=embeds)
     assert first.past_key_values.length == 7
-    assert_parity(torch.cat([first.logits, rest.logits], dim=1), whole.logits, "logits", atol=LOGITS_ATOL)
+    assert_parity(torch.cat([first.logits, rest.logits], dim=1), whole.logits, "logits")
 
 
 @pytest.mark.parametrize("family, class_name", LAST_TOKEN_READERS)
@@ -165,7 +165,7 @@ def test_a_sequence_classifier_reads_the_last_position_of_inputs_embeds(saved, f
             out = ours(inputs_embeds=embeds, **inputs)
         ref = theirs(inputs_embeds=embeds, **inputs)
         alone = ours(inputs_embeds=embeds[2:, :4])  # the padded row without its padding
-    assert_parity(out.logits, ref.logits, "logits", atol=LOGITS_ATOL)
+    assert_parity(out.logits, ref.logits, "logits")
     assert not torch.allclose(out.logits[2], alone.logits[0])  # read at padding, as transformers reads it
     ours.config = dataclasses.replace(ours.config, pad_token_id=None)
     with pytest.raises(ValueError, match="pad_token_id is not set"):

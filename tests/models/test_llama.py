@@ -16,8 +16,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import (ATOL, LOGITS_ATOL, assert_parity, check_causal_lm, each_device, padded_batch, reference, save,
-                     write_weights)
+from helpers import assert_parity, check_causal_lm, each_device, padded_batch, reference, save, write_weights
 from scratch_models import ConfigError, LlamaConfig, LlamaForCausalLM, LlamaModel
 from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.verify import TOLERANCES, verify
@@ -192,7 +191,7 @@ def test_task_heads_match_transformers_outputs_and_losses(tmp_path, family, head
     with torch.no_grad():
         mine, reference_out = model(**inputs, **labels[head]), theirs(**inputs, **labels[head])
     for field in ("start_logits", "end_logits") if head == "QuestionAnswering" else ("logits",):
-        assert_parity(mine[field], reference_out[field], field, atol=LOGITS_ATOL)
+        assert_parity(mine[field], reference_out[field], field)
     assert_parity(mine.loss, reference_out.loss, "loss")
 
 
@@ -230,7 +229,7 @@ def test_cache_step_by_step_equals_one_forward_across_the_window(generating, fam
         steps = [first.logits] + [model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
                                         past_key_values=first.past_key_values).logits for t in range(3, 11)]
     seen = FAMILIES[family].sighted(mask)
-    assert_parity(torch.cat(steps, dim=1)[seen], full[seen], "logits, cached", atol=LOGITS_ATOL)
+    assert_parity(torch.cat(steps, dim=1)[seen], full[seen], "logits, cached")
 
 
 @pytest.mark.parametrize("family, window", [
@@ -404,5 +403,5 @@ def test_full_smollm_135m_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM_135M))
     inputs = padded_batch("llama", seq=19, vocab=SMOLLM_135M["vocab_size"])
     worst = check_causal_lm("llama", theirs, tmp_path, inputs)
-    assert max(worst.values()) <= ATOL
+    assert {"hidden_states", "attentions", "logits", "table rows"} <= set(worst)  # each within its bound
     print(f"SmolLM-135M config: worst |diff| {worst}")

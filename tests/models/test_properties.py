@@ -4,7 +4,7 @@ batches, padding patterns and token types. A family registered later is tested h
 
 For each drawn example a transformers model is built, its weights redrawn, saved as model.safetensors and loaded
 into ours through `from_pretrained`; then every hidden state, every attention map and the logits must agree within
-the project's fp32 bound: our explicit attention path against transformers' eager attention everywhere, our fused
+assert_parity's bound: our explicit attention path against transformers' eager attention everywhere, our fused
 path against transformers' SDPA path wherever a query has a key to attend to (where it has none, transformers'
 two paths disagree with each other; see the forward docstrings). Eager and SDPA themselves differ by more than the
 bound on large unscaled scores, which is why each of our paths is held to its own counterpart.
@@ -23,7 +23,7 @@ import transformers
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from helpers import LOGITS_ATOL, assert_parity, each_family, fused_attention, reference, sighted
+from helpers import assert_parity, each_family, fused_attention, reference, sighted
 from scratch_models import ConfigError
 from scratch_models.registry.families import FAMILIES
 from scratch_models.parts.activations import ACTIVATIONS
@@ -146,14 +146,13 @@ def check_parity(family: str, changes: dict, inputs: dict, seed: int, std: float
     for i, (ours, theirs) in enumerate(zip(out.attentions, ref.attentions)):
         assert_parity(ours.transpose(1, 2)[live], theirs.transpose(1, 2)[live], f"attentions[{i}]")
         assert not ours.transpose(1, 2)[blind].any(), f"attentions[{i}]: a query that sees no key attends"
-    assert_parity(out.logits[live], ref.logits[live], "logits", atol=LOGITS_ATOL)
+    assert_parity(out.logits[live], ref.logits[live], "logits")
     for i, (ours, explicit, theirs) in enumerate(zip(fused.hidden_states, out.hidden_states,
                                                       ref_fused.hidden_states)):
         assert_parity(ours, theirs, f"hidden_states[{i}], fused attention against SDPA")
         assert_parity(explicit[~live], theirs[~live], f"hidden_states[{i}] of blind queries, explicit against SDPA")
-    assert_parity(fused.logits, ref_fused.logits, "logits, fused attention against SDPA", atol=LOGITS_ATOL)
-    assert_parity(out.logits[~live], ref_fused.logits[~live], "logits of blind queries, explicit against SDPA",
-                  atol=LOGITS_ATOL)
+    assert_parity(fused.logits, ref_fused.logits, "logits, fused attention against SDPA")
+    assert_parity(out.logits[~live], ref_fused.logits[~live], "logits of blind queries, explicit against SDPA")
 
 
 @each_family

@@ -12,7 +12,7 @@ import transformers
 from transformers import modeling_rope_utils
 from transformers.models.llama import modeling_llama
 
-from helpers import LOGITS_ATOL, assert_parity, reference
+from helpers import assert_parity, reference
 from scratch_models import ConfigError
 from scratch_models.registry.families import FAMILIES
 from scratch_models.parts.rotary import RotaryEmbedding, attention_factor, inverse_frequencies, rope_fields
@@ -117,14 +117,14 @@ def test_every_rotary_family_matches_transformers_past_the_trained_length(tmp_pa
     """40 positions: past max_position_embeddings (24) for dynamic, past the original length (12) for yarn and
     longrope (the long factors); 10 positions: within both (longrope's short factors)."""
     for length, ours, theirs in logits_both_ways(family, kind, tmp_path):
-        assert_parity(ours, theirs, f"{family}, {kind}, {length} tokens: logits", atol=LOGITS_ATOL)
+        assert_parity(ours, theirs, f"{family}, {kind}, {length} tokens: logits")
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("kind", ["dynamic", "yarn", "longrope"])
 def test_transformers_4_spelling_reads_the_same(tmp_path, family, kind):
     for length, ours, theirs in logits_both_ways(family, kind, tmp_path, spelling="4"):
-        assert_parity(ours, theirs, f"{family}, {kind}, {length} tokens: logits", atol=LOGITS_ATOL)
+        assert_parity(ours, theirs, f"{family}, {kind}, {length} tokens: logits")
 
 
 def test_generation_across_longrope_boundary_and_dynamic_growth_is_transformers_token_for_token(tmp_path):
