@@ -136,7 +136,8 @@ class GenerationConfig:
     token is its own, none if it names none), else config.json's special tokens (transformers'
     GenerationConfig.from_model_config). `unsupported`: settings the file makes that generate does not implement
     (beam search, a repetition penalty, ...), refused by generate rather than ignored; clear them to generate
-    without. `max_length` counts the prompt, as transformers'."""
+    without. `max_length` counts the prompt, as transformers'. `other`: the file's fields that change nothing here
+    (bos_token_id, transformers_version, ...), kept so that `to_dict` writes back what was read."""
 
     do_sample: bool | None = None
     temperature: float | None = None
@@ -148,6 +149,7 @@ class GenerationConfig:
     pad_token_id: int | None = None
     unsupported: dict = dataclasses.field(default_factory=dict)
     source: str = "config.json"
+    other: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def from_dict(cls, raw: dict, source: str) -> "GenerationConfig":
@@ -167,12 +169,22 @@ class GenerationConfig:
             values[field] = value
         unsupported = {field: raw[field] for field, off in NOT_IMPLEMENTED.items()
                        if raw.get(field, off) not in (off, None)}
-        return cls(**values, unsupported=unsupported, source=source)
+        other = {key: value for key, value in raw.items() if key not in kinds and key not in unsupported}
+        return cls(**values, unsupported=unsupported, source=source, other=other)
+
+    def to_dict(self) -> dict:
+        """generation_config.json's contents (what save_pretrained writes): the fields read and not changed since,
+        then the settings as they are now (those left unset are not written: transformers' defaults apply)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                  if field.name not in ("unsupported", "source", "other")}
+        return self.other | {key: value for key, value in fields.items() if value is not None} | self.unsupported
 
     @classmethod
     def from_model_config(cls, config) -> "GenerationConfig":
+        bos = getattr(config, "bos_token_id", None)  # what transformers' from_model_config also carries over
         return cls(eos_token_id=getattr(config, "eos_token_id", None), pad_token_id=getattr(config, "pad_token_id",
-                                                                                            None))
+                                                                                            None),
+                   other={} if bos is None else {"bos_token_id": bos})
 
     @classmethod
     def of_checkpoint(cls, checkpoint, config) -> "GenerationConfig":

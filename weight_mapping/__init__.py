@@ -6,6 +6,7 @@ huggingface_hub only.
 
 from .bert import BERT
 from .gpt2 import GPT2
+from .locks import DirectoryBusy, DirectoryLock
 from .loading import LoadingInfo, check_layer_count, load_state, tied_twins
 from .readers import (EMBEDDED_HUB_ID, EMBEDDED_NAME, GENERATION_CONFIG, TOKENIZER_FILES, Checkpoint, CheckpointError,
                       ConfigError, HubRepository, NotCached, embedded_checkpoint, looks_like_checkpoint,
@@ -15,6 +16,7 @@ from .saving import checkpoint_state, staged, write_checkpoint
 from .table import MappingTable, Row
 
 __all__ = ["BERT", "EMBEDDED_HUB_ID", "EMBEDDED_NAME", "GENERATION_CONFIG", "GPT2", "TOKENIZER_FILES", "Checkpoint",
-           "CheckpointError", "ConfigError", "HubRepository", "LoadingInfo", "MappingTable", "NotCached", "Row",
+           "CheckpointError", "ConfigError", "DirectoryBusy", "DirectoryLock", "HubRepository", "LoadingInfo",
+           "MappingTable", "NotCached", "Row",
            "check_layer_count", "checkpoint_state", "embedded_checkpoint", "load_state", "looks_like_checkpoint",
            "looks_like_hub_id", "open_checkpoint", "read_config_json", "staged", "tied_twins", "write_checkpoint"]
