@@ -7,7 +7,8 @@
       data-00000.json           ArrowWriter, with its counts beside it
       ...
       state.json, dataset_info.json   written last: `datasets.load_from_disk(out)` memory-maps the shards
-      harvest.lock              while a harvest runs: who runs it (pid, host, start), locked (flock) by that process
+      .scratch-models.lock      while a harvest runs: who runs it (pid, host, start), locked (flock) by that process
+                                (weight_mapping.DirectoryLock: any two commands writing one directory refuse)
 
 A shard is written under a temporary name and renamed once complete (its counts first), so a shard file that
 exists is whole: a run killed at any moment resumes from the shards there. Arrow has no bfloat16: bfloat16 rows
@@ -17,10 +18,8 @@ are stored as their 16-bit patterns (uint16), which `as_bfloat16` reads back as 
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import json
 import os
-import socket
 import queue
 import threading
 import time
@@ -29,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from weight_mapping.locks import LOCK_FILE
+
 MANIFEST = "harvest.json"
-LOCK = "harvest.lock"
 FORMAT = "scratch-models harvest"
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ARROW_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
@@ -317,61 +317,6 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-class OutLock:
-    """The lock one harvest holds on its directory, so a second one there refuses at once, naming the first (pid,
-    host, start). An flock on `harvest.lock`: the kernel lets go of it when its process ends however it ends, so
-    the lock of a process that is gone is taken over. Also a context manager."""
-
-    def __init__(self, out: Path):
-        self.path = out / LOCK
-        self.fd = None
-
-    def acquire(self) -> "OutLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 4096).decode(errors="replace")
-                os.close(fd)
-                raise HarvestError(f"{self.path.parent}: another harvest is running there ({_holder(holder)}): wait "
-                                   "for it to end, or stop it; the same command then resumes") from None
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:  # its holder removed it between our open and our lock
-                same = False
-            if same:
-                break
-            os.close(fd)
-        who = {"pid": os.getpid(), "host": socket.gethostname(),
-               "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(who).encode(), 0)
-        self.fd = fd
-        return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            self.path.unlink(missing_ok=True)  # before the unlock: a process waiting on this file sees it gone
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
-
-
-def _holder(text: str) -> str:
-    try:
-        who = json.loads(text)
-        return f"pid {who['pid']} on {who['host']}, started {who['started']}"
-    except (ValueError, KeyError, TypeError):
-        return "a process that has not yet said who it is"
-
-
 def remove_harvest(out: Path) -> None:
     """Delete a harvest's own files from `out` (--overwrite); anything else there is left alone."""
     for path in out.iterdir():
@@ -389,7 +334,7 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
     if manifest is None:
-        strangers = [p.name for p in out.iterdir() if p.name != LOCK]
+        strangers = [p.name for p in out.iterdir() if p.name != LOCK_FILE]
         if strangers:
             raise HarvestError(f"{out}: not empty ({', '.join(sorted(strangers)[:5])}"
                                f"{', ...' if len(strangers) > 5 else ''}) and holds no {MANIFEST}: harvest into a new "
@@ -401,11 +346,7 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
     if manifest.get("format") != FORMAT:
         raise HarvestError(f"{manifest_path}: not a scratch-models harvest manifest")
     if manifest["settings"] != settings:
-        changed = [f"{key}: {_short(manifest['settings'].get(key))} there, {_short(settings.get(key))} now"
-                   for key in sorted(set(settings) | set(manifest["settings"]))
-                   if manifest["settings"].get(key) != settings.get(key)]
-        raise HarvestError(f"{out} holds a harvest made with other settings ({'; '.join(changed)}): run the same "
-                           "command to resume it, or pass --overwrite (overwrite=True) to start again")
+        raise HarvestError(other_settings(out, "a harvest", manifest["settings"], settings))
     if settings["data"]["source"] is None:
         raise HarvestError(f"{out} holds a harvest of data that cannot be told apart from other data (an "
                            "IterableDataset made in Python): pass --overwrite (overwrite=True) to start again")
@@ -415,6 +356,15 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
 def _started(out: Path) -> bool:
     """Whether a harvest in `out` has done any work to keep: a shard, or part of one."""
     return any(out.glob("data-*.arrow")) or bool(kept_parts(out))
+
+
+def other_settings(out: Path, what: str, there: dict, now: dict) -> str:
+    """The refusal of a resume with other settings (harvest's and features'): each key that differs, with its value
+    there and now, and what to do."""
+    changed = [f"{key}: {_short(there.get(key))} there, {_short(now.get(key))} now"
+               for key in sorted(set(now) | set(there)) if there.get(key) != now.get(key)]
+    return (f"{out} holds {what} made with other settings ({'; '.join(changed)}): run the same command to resume it, "
+            "or pass --overwrite (overwrite=True) to start again")
 
 
 def _short(value) -> str:

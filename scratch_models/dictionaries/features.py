@@ -37,6 +37,11 @@ from pathlib import Path
 
 import torch
 
+from weight_mapping import DirectoryLock
+from weight_mapping.locks import LOCK_FILE
+
+from ..corpus.storage import _fsync
+
 from .feature_stats import BINS, BatchPlaces, FeatureStats, bin_edges
 from .sae import SAE, DictionaryError
 from ..lens_names import SAME
@@ -111,18 +116,21 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     start = time.perf_counter()
     out = Path(out).expanduser().resolve()
     with _distributed(device) as (rank, world, device), contextlib.ExitStack() as held:
+        # rank 0 holds the directory's lock for all, before the model is loaded: a second command there refuses at once
+        _agree(rank, world, lambda: held.enter_context(DirectoryLock(out, "features")))
         model = _model(model, device, model_dtype)
         sae = dictionary if isinstance(dictionary, SAE) else SAE.from_pretrained(dictionary)
         sae = sae.to(next(model.parameters()).device)
         site = resolve_hook(model, sae.cfg.hook_name, f"the dictionary {sae.cfg.source}".rstrip())
         _check_width(model, sae, site)
         plan = Plan(model, data, [site.name], Options(**options))
+        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
         settings = plan.settings() | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
                                       "hook": site.name, "top_k": top_k, "samples": samples,
-                                      "window": list(window), "block_tokens": block_tokens}
+                                      "window": list(window), "block_tokens": block_tokens} | plan.computation(
+                                          False, chosen.torch)
         _agree(rank, world, lambda: _prepare(out, settings, overwrite))
         done = _done_blocks(out)
-        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
         try:
@@ -184,34 +192,61 @@ def _sae_hash(sae: SAE) -> str:
 
 
 def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
-    """A new or empty `out`, or one holding a features run of these settings (to resume)."""
-    import shutil
+    """A new or empty `out`, or one holding a features run of these settings (to resume). Whatever a kill at any
+    moment leaves is taken by the same command: the manifest is written before parts/ is made, a manifest's
+    temporary file (a kill before its rename) and a part file's are removed, and a run that counted nothing yet (a
+    start that failed, on a document too long say, or a kill before the first save) is started again, whatever
+    its settings were."""
+    from ..corpus.storage import other_settings
 
     manifest = out / MANIFEST
     if out.exists() and not out.is_dir():
         raise DictionaryError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"{MANIFEST}.partial").unlink(missing_ok=True)
+    for partial in (out / "parts").glob("*.partial"):
+        partial.unlink()
     if manifest.is_file():
-        known = json.loads(manifest.read_text(encoding="utf-8"))
-        if overwrite or known.get("format") != FORMAT:
-            if known.get("format") != FORMAT and not overwrite:
-                raise DictionaryError(f"{manifest}: not a features run's manifest")
-            for name in ("parts", "dataset", "features", "assets"):
-                shutil.rmtree(out / name, ignore_errors=True)
-            for name in (MANIFEST, "index.html"):
-                (out / name).unlink(missing_ok=True)
+        known = _read_json(manifest)
+        if known.get("format") != FORMAT and not overwrite:
+            raise DictionaryError(f"{manifest}: not a features run's manifest")
+        if overwrite or known.get("status") == "running" and not _part_files(out):
+            _remove_run(out)
         elif known["settings"] != settings:
-            changed = [key for key in sorted(set(settings) | set(known["settings"]))
-                       if settings.get(key) != known["settings"].get(key)]
-            raise DictionaryError(f"{out} holds a features run made with other settings ({', '.join(changed)}): run "
-                                  "the same command to resume it, or pass --overwrite (overwrite=True) to start again")
+            raise DictionaryError(other_settings(out, "a features run", known["settings"], settings))
         else:
             return
-    elif any(out.iterdir()):
-        raise DictionaryError(f"{out}: not empty and holds no {MANIFEST}: write features into a new or empty "
-                              "directory")
-    (out / "parts").mkdir(exist_ok=True)
+    else:
+        strangers = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
+        if strangers:
+            listed = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
+            raise DictionaryError(f"{out}: not empty ({listed}) and holds no {MANIFEST}: write features into a new or "
+                                  "empty directory")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings})
+    (out / "parts").mkdir(exist_ok=True)
+
+
+def _remove_run(out: Path) -> None:
+    """Delete a features run's own files from `out` (--overwrite); anything else there is left alone."""
+    import shutil
+
+    for name in ("parts", "dataset", "features", "assets"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in (MANIFEST, "index.html"):
+        (out / name).unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object this module wrote; a DictionaryError naming the file when it is cut short or garbled."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DictionaryError(f"{path}: not valid JSON ({e}): the file was cut short or changed; pass --overwrite "
+                              "(overwrite=True) to start again") from None
+    if not isinstance(value, dict):
+        raise DictionaryError(f"{path}: expected a JSON object, got {type(value).__name__}; pass --overwrite "
+                              "(overwrite=True) to start again")
+    return value
 
 
 def _part_files(out: Path) -> list[Path]:
@@ -221,8 +256,22 @@ def _part_files(out: Path) -> list[Path]:
 def _done_blocks(out: Path) -> set[int]:
     done = set()
     for part in _part_files(out):
-        done |= set(torch.load(part, weights_only=True)["blocks"])
+        done |= set(_load_part(part)["blocks"])
     return done
+
+
+def _load_part(part: Path) -> dict:
+    """A part file's statistics; a DictionaryError naming it when torch cannot read it (cut short, or changed)."""
+    try:
+        state = torch.load(part, weights_only=True)
+        if not isinstance(state, dict) or "blocks" not in state:
+            raise ValueError("not a features part file")
+    except Exception as e:  # torch raises RuntimeError, pickle's and zipfile's errors alike
+        reason = str(e).splitlines()[0][:100] if str(e) else ""
+        raise DictionaryError(f"{part}: cannot be read ({type(e).__name__}: {reason}): the file was "
+                              "cut short or changed; delete it and run the same command again (its blocks are "
+                              "counted again)") from None
+    return state
 
 
 class _Pass:
@@ -309,6 +358,7 @@ class _Pass:
         clock = time.perf_counter()
         partial = self.part.with_suffix(".partial")
         torch.save(self.stats.state() | {"blocks": self.blocks}, partial)
+        _fsync(partial)  # on the disk before its name says it is whole (a power cut, not only a kill)
         os.replace(partial, self.part)
         self.timings["saving"] += time.perf_counter() - clock
 
@@ -334,7 +384,7 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: 
     stats = None
     counted = set()
     for part in parts:
-        state = torch.load(part, weights_only=True)
+        state = _load_part(part)
         counted |= set(state["blocks"])
         loaded = FeatureStats.from_state(state)
         if stats is None:
