@@ -96,13 +96,34 @@ def kept_name(block: int) -> str:
 
 
 def done_blocks(out: Path) -> dict[int, dict]:
-    """Block index -> the counts of each complete shard in `out`."""
+    """Block index -> the counts of each complete shard in `out`. A shard whose length is not the one its counts
+    record (a copy cut short, a file changed) is refused, naming both files. No checksum: the length finds a
+    truncation for free, while a checksum would read every shard again at each resume (a 100 GB harvest: minutes)
+    to find a changed byte, which the disk's and the file system's own checks already guard against."""
     done = {}
     for arrow in out.glob("data-*.arrow"):
-        counts = arrow.with_suffix(".json")
-        if counts.is_file():
-            done[int(arrow.stem.removeprefix("data-"))] = json.loads(counts.read_text(encoding="utf-8"))
+        path = arrow.with_suffix(".json")
+        if path.is_file():
+            advice = f"delete it and {arrow.name}, and run the same command again: that shard is redone"
+            counts = read_record(path, advice)
+            size = arrow.stat().st_size
+            if size != counts.get("bytes", size):
+                raise HarvestError(f"{arrow}: {size} bytes, where {path.name} records {counts['bytes']}: the shard "
+                                   f"was cut short or changed since it was written; {advice}")
+            done[int(arrow.stem.removeprefix("data-"))] = counts
     return done
+
+
+def read_record(path: Path, advice: str) -> dict:
+    """A JSON object harvest wrote (a manifest, a shard's counts, a kept record); a HarvestError naming the file,
+    what is wrong and `advice` when it is cut short or garbled."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HarvestError(f"{path}: not valid JSON ({e}): the file was cut short or changed; {advice}") from None
+    if not isinstance(value, dict):
+        raise HarvestError(f"{path}: expected a JSON object, got {type(value).__name__}; {advice}")
+    return value
 
 
 def kept_parts(out: Path) -> dict[int, dict]:
@@ -113,7 +134,8 @@ def kept_parts(out: Path) -> dict[int, dict]:
         block = int(path.name.removeprefix("data-").removesuffix(".kept.json"))
         partial = out / f"{shard_name(block)}.partial"
         source = _aside(partial) if _aside(partial).is_file() else partial  # a resume killed while it copied
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_record(path, f"delete it and {partial.name}, and run the same command again: that shard is "
+                                   "redone from its start")
         if source.is_file() and source.stat().st_size >= record["bytes"]:
             kept[block] = record
     return kept
@@ -186,7 +208,7 @@ class ShardWriter:
     def _work(self) -> None:
         from datasets.arrow_writer import ArrowWriter
 
-        writer, partial, block, progress, committed = None, None, None, None, 0
+        writer, partial, block, progress, committed, flushed = None, None, None, None, 0, None
         kept_at = time.monotonic()
         while True:
             item = self.queue.get()
@@ -202,13 +224,15 @@ class ShardWriter:
                     partial = self.out / f"{shard_name(block)}.partial"
                     if kept is not None:
                         _set_aside(partial)
-                    writer = ArrowWriter(features=self.features, path=str(partial))
+                    writer, flushed = ArrowWriter(features=self.features, path=str(partial)), None
                     if kept is not None:
                         _write_kept(writer, _aside(partial), kept["bytes"])
-                        progress = kept
+                        progress, flushed = kept, (kept, kept["bytes"])
                 elif kind == "rows":
                     columns, progress = value
                     writer.write_batch(columns)
+                    writer.stream.flush()
+                    flushed = (progress, writer.stream.tell())  # whole batches, up to here
                     if time.monotonic() - kept_at >= KEEP_SECONDS:
                         self._keep(writer, block, progress)
                         kept_at = time.monotonic()
@@ -220,6 +244,7 @@ class ShardWriter:
                     writer.close()
                     writer = None
                     committed += self._commit(block, partial, value)
+                    flushed = None
                 if writer is not None:
                     writer.stream.flush()
                 self.bytes_written = committed + (writer.stream.tell() if writer is not None else 0)
@@ -227,9 +252,12 @@ class ShardWriter:
                 if writer is not None:
                     with contextlib.suppress(OSError):  # closing flushes, and a full disk refuses that too
                         writer.close()
-                if partial is not None:
-                    partial.unlink(missing_ok=True)
-                    (self.out / kept_name(block)).unlink(missing_ok=True)
+                if flushed is not None and partial.is_file():
+                    # the whole batches that reached the file survive: the resume goes on after them (a full
+                    # disk may refuse even this small record; the last one kept then stands)
+                    with contextlib.suppress(OSError):
+                        _fsync(partial)
+                        write_json_atomic(self.out / kept_name(block), flushed[0] | {"bytes": flushed[1]})
                 self.error = _disk_error(e, self.out, block)
                 self._drain()
                 return
@@ -290,9 +318,11 @@ def _write_kept(writer, aside: Path, length: int) -> None:
 
 def _disk_error(e: BaseException, out: Path, block: int | None) -> BaseException:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        done = len(done_blocks(out))
+        done, kept = len(done_blocks(out)), kept_parts(out).get(block)
+        part = f", and {kept['batches']} batches of shard {block} ({human_bytes(kept['bytes'])})" if kept else ""
         return DiskFull(e.errno, f"the disk holding {out} is full (writing shard {block}): the {done} shards "
-                                 "finished are intact; free some space and run the same command again to resume")
+                                 f"finished are intact{part}; free some space and run the same command again to "
+                                 "resume")
     return e
 
 
@@ -332,7 +362,10 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
     if out.exists() and not out.is_dir():
         raise HarvestError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
+    for name in _OURS:  # a kill between a JSON file's write and its rename: the old file, or none, is the one
+        (out / f"{name}.partial").unlink(missing_ok=True)
+    manifest = read_record(manifest_path, "pass --overwrite (overwrite=True) to start again") \
+        if manifest_path.is_file() else None
     if manifest is None:
         strangers = [p.name for p in out.iterdir() if p.name != LOCK_FILE]
         if strangers:
@@ -402,7 +435,7 @@ def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F82
     missing = [name for name in files if not (out / name).is_file()]
     if missing:
         raise HarvestError(f"{out}: shards missing before the harvest can be closed: {', '.join(missing[:5])}")
-    dataset = datasets.concatenate_datasets([datasets.Dataset.from_file(str(out / name)) for name in files]) \
+    dataset = datasets.concatenate_datasets([_open_shard(out / name) for name in files]) \
         if files else datasets.Dataset.from_dict({name: [] for name in features}, features=features)
     state = {"_data_files": [{"filename": name} for name in files], "_fingerprint": dataset._fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
@@ -411,6 +444,19 @@ def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F82
     write_json_atomic(out / "dataset_info.json", {key: info[key] for key in sorted(info)})
     write_json_atomic(out / "state.json", state)
     return dataset
+
+
+def _open_shard(path: Path) -> "datasets.Dataset":  # noqa: F821
+    """A shard, memory-mapped; a HarvestError naming it when Arrow cannot read it."""
+    import datasets
+    import pyarrow as pa
+
+    try:
+        return datasets.Dataset.from_file(str(path))
+    except (pa.ArrowException, OSError) as e:
+        raise HarvestError(f"{path}: not a readable Arrow stream ({e}): the shard was changed since it was written; "
+                           f"delete it and {path.with_suffix('.json').name}, and run the same command again: that "
+                           "shard is redone") from None
 
 
 def as_bfloat16(column) -> torch.Tensor:

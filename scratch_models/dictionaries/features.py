@@ -106,7 +106,7 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     (tokens before, tokens after) each example shows. `pages`: write the HTML pages. `block_tokens`: the corpus's
     unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file.
     `threads`: the CPU threads, as harvest's (forward passes and the encoder side by side, a torch thread each)."""
-    from ..corpus.harvest import Threads, _agree, _barrier, _distributed
+    from ..corpus.harvest import Interrupted, Threads, _agree, _barrier, _distributed
     from ..corpus.plan import Options, Plan
 
     unknown = set(options) - set(OPTION_NAMES)
@@ -135,6 +135,13 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
         try:
             run.run(block_tokens, save_seconds)
+        except KeyboardInterrupt:  # Ctrl-C: say what is kept (the command line prints it and exits 130)
+            if run.bar is not None:
+                run.bar.close()
+            kept = len(done) + run.saved
+            raise Interrupted(f"interrupted: {kept} block{'s' * (kept != 1)} of the corpus counted and saved; the same "
+                              f"command resumes (what this run counted since it last saved, at most "
+                              f"{save_seconds:g} s of it, is counted again)") from None
         finally:
             run.pool.shutdown(cancel_futures=True)
         run.timings["pass"] = time.perf_counter() - start  # everything up to here: what grows with the corpus
@@ -287,6 +294,7 @@ class _Pass:
         self.pool = ThreadPoolExecutor(threads.forward, thread_name_prefix="features-forward")
         self.part = out / "parts" / f"part-{secrets.token_hex(6)}-rank{rank}.pt"
         self.blocks: list[int] = []
+        self.saved = 0  # of `blocks`, in the part file
         self.tokens = 0
         self.timings = {"reading and tokenizing": 0.0, "forward (all threads)": 0.0, "encoder (all threads)": 0.0,
                         "counting": 0.0, "saving": 0.0}
@@ -360,6 +368,7 @@ class _Pass:
         torch.save(self.stats.state() | {"blocks": self.blocks}, partial)
         _fsync(partial)  # on the disk before its name says it is whole (a power cut, not only a kill)
         os.replace(partial, self.part)
+        self.saved = len(self.blocks)
         self.timings["saving"] += time.perf_counter() - clock
 
 

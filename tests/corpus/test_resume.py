@@ -112,8 +112,8 @@ def test_kill_9_at_any_moment_then_the_same_command_resumes_to_the_same_rows(tin
 
 
 def test_a_disk_full_while_writing_keeps_the_finished_shards_and_resumes(tmp_path, tiny_gpt2_model, monkeypatch):
-    """ENOSPC on the fifth write: a DiskFull naming the directory, the shards finished before intact, no partial
-    shard; the same call afterwards gives the rows of an uninterrupted run."""
+    """ENOSPC on the fifth write: a DiskFull naming the directory, the shards finished before intact; the same call
+    afterwards gives the rows of an uninterrupted run."""
     from datasets.arrow_writer import ArrowWriter
 
     arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 4, names=["layers.1.out"], context=8,
@@ -133,7 +133,8 @@ def test_a_disk_full_while_writing_keeps_the_finished_shards_and_resumes(tmp_pat
     with pytest.raises(DiskFull, match=rf"the disk holding {out} is full \(writing shard \d+\): the \d+ shards "
                                        "finished are intact; free some space"):
         harvest(**arguments, out=out)
-    assert list(out.glob("data-*.arrow")) and not list(out.glob("*.partial")) and not (out / "state.json").exists()
+    # the unfinished shard's .partial stays, with what of it was flushed (test_seams checks the resume goes on there)
+    assert list(out.glob("data-*.arrow")) and not (out / "state.json").exists()
     monkeypatch.setattr(ArrowWriter, "write_batch", write)
     harvest(**arguments, out=out)
     same_rows(out, tmp_path / "reference")
@@ -163,8 +164,7 @@ def test_a_real_full_disk_then_more_space_resumes(tmp_path, tiny_gpt2_model, sma
     assert not list(out.glob("data-*"))
     with pytest.raises(DiskFull, match="is full"):
         harvest(**arguments, out=out, space_check=False)
-    finished = sorted(out.glob("data-*.arrow"))
-    assert finished and not list(out.glob("*.partial"))
+    assert sorted(out.glob("data-*.arrow"))
     subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
     harvest(**arguments, out=out)
     same_rows(out, tmp_path / "reference")
