@@ -224,7 +224,9 @@ def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
         else:
             return
     else:
-        strangers = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
+        # an empty parts/: a kill between its making and the manifest's (as versions before this one made them)
+        strangers = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE
+                           and not (p.name == "parts" and p.is_dir() and not any(p.iterdir())))
         if strangers:
             listed = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
             raise DictionaryError(f"{out}: not empty ({listed}) and holds no {MANIFEST}: write features into a new or "
