@@ -4,6 +4,7 @@ transformers is imported inside the commands that need it, so `scratch-models --
 """
 
 import argparse
+import contextlib
 import difflib
 import logging
 import os
@@ -14,9 +15,10 @@ import threading
 
 from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
+from weight_mapping import DirectoryLock
 
 from . import features_cmd, harvest_cmd
-from .common import at_least_one, check_writable_file
+from .common import at_least_one, check_writable_directory, check_writable_file
 from .targets import TARGETS
 
 WHERE = "a hub id, a local directory, a weights file or a sharded index"
@@ -193,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
                "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
                "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run}
-        return run[args.command](args)
+        # one writer per directory, locked before any model loads: harvest and features lock their --out themselves
+        # (rank 0 for all under torchrun), convert and tiny their destination
+        writes_out = args.command in ("inspect", "lens", "heads", "patch")
+        if writes_out:
+            check_writable_directory("--out", args.out)  # its own words for a path that cannot be a directory
+        with DirectoryLock(args.out, args.command) if writes_out else contextlib.nullcontext():
+            return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
         print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)

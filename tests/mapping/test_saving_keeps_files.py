@@ -105,3 +105,32 @@ def test_convert_keeps_them_too_and_casting_rewrites_only_config_json(instruct, 
     assert model.generation_config.eos_token_id == json.loads((source / "generation_config.json").read_text())[
         "eos_token_id"]
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_a_save_or_convert_into_a_directory_another_command_writes_is_refused_at_once(instruct, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """One lock for every writer of a directory: a save there while a harvest holds it refuses (DirectoryBusy, naming
+    it), convert refuses before it loads the model, and so does lens."""
+    import os
+
+    from locking import held_elsewhere
+    from scratch_models_cli import convert as convert_module
+    from weight_mapping import DirectoryBusy
+
+    model = LlamaForCausalLM.from_pretrained(instruct[0])
+    out = tmp_path / "out"
+    out.mkdir()
+    with held_elsewhere(out, "harvest"):
+        with pytest.raises(DirectoryBusy, match=rf"{out}: another harvest is running there \(pid {os.getpid()} on "):
+            model.save_pretrained(out)
+
+        def no_loading(*args, **kwargs):
+            raise AssertionError("the model was loaded before the lock was taken")
+
+        monkeypatch.setattr(convert_module, "open_model", no_loading)
+        assert main(["convert", str(instruct[0]), str(out)]) == 2
+        assert "another harvest is running there" in capsys.readouterr().err
+        # any command that writes a directory: lens, inspect, heads and patch too
+        assert main(["lens", str(instruct[0]), "The cat", "--out", str(out)]) == 2
+        assert "another harvest is running there" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing written, and the lock let go
