@@ -3,8 +3,9 @@ save_pretrained), before it does any work, so a second one there refuses at once
 
 An flock on `.scratch-models.lock` inside the directory, holding who took it (what, pid, host, start): the kernel
 lets go of an flock when its process ends however it ends (kill -9 included), so the lock of a process that is gone
-is taken over, and there is nothing stale to clean up by hand. flock works across processes on one machine (and on
-NFS v4, where the kernel maps it to a lease); it does not reach across machines on file systems without lock support.
+is taken over, and there is nothing stale to clean up by hand. flock holds between the processes of one machine; on
+NFS, Linux emulates it with a byte-range lock that the server arbitrates between machines; a file system without
+lock support does not stop a writer on another machine.
 
 Within one thread the lock is reentrant: `convert` holds its destination's while its save_pretrained takes it again.
 """

@@ -200,7 +200,9 @@ class Threads:
     one thread each. Forward passes side by side rather than one forward pass over all cores: on a core that
     another process also uses, a thread that waits for the others at every operation (torch's intra-op threads)
     slows them all (issue 29 measured 74-91 tokens/s against 535-783 on one thread), while a thread of its own
-    slows only itself. The rows are the same whatever the threads: each forward pass runs on one torch thread."""
+    slows only itself. The rows are the same whatever the forward threads (each batch runs on one of them); the torch
+    threads each forward pass runs on (1 up to 8 cores, more beyond or compiled) are a setting a resume must match
+    (Plan.computation)."""
 
     forward: int
     torch: int

@@ -318,7 +318,10 @@ def _write_kept(writer, aside: Path, length: int) -> None:
 
 def _disk_error(e: BaseException, out: Path, block: int | None) -> BaseException:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        done, kept = len(done_blocks(out)), kept_parts(out).get(block)
+        try:
+            done, kept = len(done_blocks(out)), kept_parts(out).get(block)
+        except HarvestError:  # a record garbled as well: the next run names it
+            done, kept = "other", None
         part = f", and {kept['batches']} batches of shard {block} ({human_bytes(kept['bytes'])})" if kept else ""
         return DiskFull(e.errno, f"the disk holding {out} is full (writing shard {block}): the {done} shards "
                                  f"finished are intact{part}; free some space and run the same command again to "

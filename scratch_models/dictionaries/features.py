@@ -16,7 +16,9 @@ Resumable: every processed block of the corpus (BLOCK_TOKENS tokens) is counted 
 every SAVE_SECONDS, so a run killed at any moment, even by kill -9, redoes at most that much; the same command
 resumes it (other settings are refused unless `overwrite`). Under torchrun each rank takes every world-th block, as
 harvest does; rank 0 merges the parts and writes the outputs. The result does not depend on how the corpus was split
-among processes or runs (ties and the sample are decided by each token's place in the corpus).
+among processes or runs (ties and the sample are decided by each token's place in the corpus). As harvest: the
+directory's lock (weight_mapping.DirectoryLock) is taken before the model loads, a resume with other settings is
+refused naming each with its old and new value, and Ctrl-C raises `Interrupted` saying what is kept.
 
     out/
       features.json          settings, then the counts and timings once complete
