@@ -29,6 +29,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "vocab.json", "merges.txt")
 # generate's defaults, as transformers reads them (config.json's when it is absent)
 GENERATION_CONFIG = "generation_config.json"
+# what a hub id's checkpoint fetches beside its weights, where the repository has it: read here, or kept by a save
+HUB_EXTRAS = (*TOKENIZER_FILES, GENERATION_CONFIG, "chat_template.jinja", "chat_template.json")
 # weights in any format, which a save does not copy: what it writes replaces them
 OTHER_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".ot",
                          ".npz", ".tflite", ".mlmodel")
@@ -365,8 +367,7 @@ def _from_hub(repo_id: str, revision: str | None = None) -> tuple[Path, Path, st
                 if repo.fetch(shard) is None:
                     raise repo.offline_error(shard) if shard in repo.not_cached else CheckpointError(
                         f"{weights}: names shard {shard!r}, which the hub repository {repo_id} lacks")
-        # into the same snapshot directory: beside the weights (and a save copies the chat template along)
-        for extra in (*TOKENIZER_FILES, GENERATION_CONFIG, "chat_template.jinja", "chat_template.json"):
+        for extra in HUB_EXTRAS:  # into the same snapshot directory: beside the weights
             repo.fetch(extra)
         return config_path, weights, repo.origin
     if repo.not_cached:
