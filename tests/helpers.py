@@ -289,14 +289,14 @@ def fake_hub_cache(cache: Path, repo_id: str, files: dict[str, Path]) -> None:
 
 def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict]:
     """huggingface_hub.hf_hub_download answering from `answers`: filename -> a path, or an exception to raise; a
-    tokenizer file or generation_config.json it is not given is absent from the repository (404), any other file
+    tokenizer file, generation_config.json or chat template it is not given is absent from the repository (404), any other file
     fails the test. The hub answers the reachability probe as `reachable` says. Returns the calls made, their
     arguments each."""
     calls = []
 
     def download(repo_id, filename, **kwargs):
         calls.append(dict(repo_id=repo_id, filename=filename, **kwargs))
-        answer = answers[filename] if filename not in (*TOKENIZER_FILES, GENERATION_CONFIG) else answers.get(
+        answer = answers[filename] if filename not in HUB_EXTRAS else answers.get(
             filename, http_error(RemoteEntryNotFoundError, 404))
         if isinstance(answer, Exception):
             raise answer
@@ -305,7 +305,8 @@ def fake_hub(monkeypatch, answers: dict, *, reachable: bool = True) -> list[dict
     monkeypatch.setattr("huggingface_hub.hf_hub_download", download)
     from huggingface_hub.errors import RemoteEntryNotFoundError
 
-    from weight_mapping import GENERATION_CONFIG, TOKENIZER_FILES, readers
+    from weight_mapping import readers
+    from weight_mapping.readers import HUB_EXTRAS
 
     monkeypatch.setattr(readers, "_hub_unreachable",
                         lambda: None if reachable else "the hub (huggingface.co) cannot be reached (timed out)")

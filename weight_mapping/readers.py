@@ -24,11 +24,16 @@ import torch
 # In the order transformers prefers them.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-# Read beside the weights when present (a hub id fetches them too), and copied by `convert`: what a tokenizer is made of.
+# Read beside the weights when present (a hub id fetches them too): what a tokenizer is made of.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.txt", "vocab.json", "merges.txt")
 # generate's defaults, as transformers reads them (config.json's when it is absent)
 GENERATION_CONFIG = "generation_config.json"
+# what a hub id's checkpoint fetches beside its weights, where the repository has it: read here, or kept by a save
+HUB_EXTRAS = (*TOKENIZER_FILES, GENERATION_CONFIG, "chat_template.jinja", "chat_template.json")
+# weights in any format, which a save does not copy: what it writes replaces them
+OTHER_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".ot",
+                         ".npz", ".tflite", ".mlmodel")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 EMBEDDED_NAME = "minilm"
 EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -101,6 +106,19 @@ class Checkpoint:
     def tokenizer_files(self) -> list[Path]:
         """The tokenizer's files beside the checkpoint (none when it has no tokenizer)."""
         return [self.directory / name for name in TOKENIZER_FILES if (self.directory / name).is_file()]
+
+    @property
+    def companion_files(self) -> list[Path]:
+        """The files beside config.json that a save of the model keeps (copies): the tokenizer's, its chat template,
+        special_tokens_map.json, README, licence, other tools' configs... Not the ones a save writes anew (config.json,
+        generation_config.json, the weights), nor other weight files (.bin, .pt, .pth, .h5, .msgpack, .onnx, .gguf,
+        ...: the saved tensors, cast or edited since, would not be theirs), nor hidden files and subdirectories
+        (Llama's original/ and an onnx/ folder hold weights in other formats; .gitattributes and .cache/ are the
+        hub's)."""
+        rewritten = {self.config_path.name, GENERATION_CONFIG, *WEIGHT_FILES, *(file.name for file in self.files)}
+        return sorted(path for path in self.directory.iterdir() if path.is_file() and not path.name.startswith(".")
+                      and path.name not in rewritten and path.suffix not in OTHER_WEIGHT_SUFFIXES
+                      and not path.name.endswith(".index.json"))
 
     def shape(self, key: str) -> tuple[int, ...]:
         handle = self.handles[self.where[key]]
@@ -349,7 +367,7 @@ def _from_hub(repo_id: str, revision: str | None = None) -> tuple[Path, Path, st
                 if repo.fetch(shard) is None:
                     raise repo.offline_error(shard) if shard in repo.not_cached else CheckpointError(
                         f"{weights}: names shard {shard!r}, which the hub repository {repo_id} lacks")
-        for extra in (*TOKENIZER_FILES, GENERATION_CONFIG):  # into the same snapshot directory: beside the weights
+        for extra in HUB_EXTRAS:  # into the same snapshot directory: beside the weights
             repo.fetch(extra)
         return config_path, weights, repo.origin
     if repo.not_cached:

@@ -7,7 +7,6 @@ is a tensor of the model's own, written as any other). `legacy=True` writes the 
 """
 
 import contextlib
-import itertools
 import json
 import os
 import secrets
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from .locks import DirectoryLock
 from .readers import CheckpointError
 from .table import MappingTable
 
@@ -53,31 +53,40 @@ def checkpoint_state(table: MappingTable, state: dict[str, torch.Tensor], num_la
     return out
 
 
-def write_checkpoint(directory, config: dict, tensors: dict[str, torch.Tensor]) -> list[Path]:
+def write_checkpoint(directory, config: dict, tensors: dict[str, torch.Tensor], *, json_files: dict | None = None,
+                     copies=()) -> list[Path]:
     """Write `config` as config.json and `tensors` as model.safetensors into `directory` (created if need be; `~`
-    is expanded), whole or not at all (see `staged`). Returns the two files. A failed write (a full or read-only
-    disk) raises OSError naming `directory`."""
+    is expanded), with each of `json_files` (name -> a dict: generation_config.json) and a copy of each file of
+    `copies` (the tokenizer's and the other files beside the checkpoint the model came from), whole or not at all
+    (see `staged`). Returns the files written. A failed write (a full or read-only disk) raises OSError naming
+    `directory`."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     directory = Path(directory).expanduser()
-    check_replaceable(directory, [CONFIG_FILE, WEIGHTS_FILE])  # before the work, which `staged` checks after
+    json_files = {CONFIG_FILE: config} | dict(json_files or {})
+    names = [*json_files, WEIGHTS_FILE, *(Path(file).name for file in copies)]
+    check_replaceable(directory, names)  # before the work, which `staged` checks after
     with staged(directory) as staging:
         try:
             # safetensors wants dense CPU tensors; metadata as transformers writes it (it checks "format")
             save_file({key: t.detach().to("cpu").contiguous() for key, t in tensors.items()},
                       str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-            (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
-                                               encoding="utf-8")
+            for name, value in json_files.items():
+                (staging / name).write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            for file in copies:
+                shutil.copyfile(file, staging / Path(file).name)
         except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own error type
             raise OSError(f"{directory}: cannot write the checkpoint ({e})") from None
-    return [directory / CONFIG_FILE, directory / WEIGHTS_FILE]
+    return [directory / CONFIG_FILE, directory / WEIGHTS_FILE, *(directory / name for name in names
+                                                                 if name not in (CONFIG_FILE, WEIGHTS_FILE))]
 
 
 @contextlib.contextmanager
 def staged(target):
     """A new hidden directory inside `target` (created if need be; `~` is expanded) to write into. When the block
-    completes, its files move into `target`, replacing those of the same names; other files are left alone.
+    completes, its files move into `target`, replacing those of the same names; other files are left alone. The
+    block runs holding `target`'s DirectoryLock: a second writer there is refused at once (DirectoryBusy).
 
     Staging inside `target` keeps every move on one file system (`target` may be a mount point) and never writes
     to its parent (which may be read-only when `target` exists). If the block fails, the staging directory, and
@@ -91,21 +100,16 @@ def staged(target):
     target = Path(target).expanduser().resolve()
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target}: exists and is not a directory")
-    created = list(itertools.takewhile(lambda d: not d.exists(), [target, *target.parents]))[::-1]
-    staging = target / f".{secrets.token_hex(4)}.partial"
-    try:
-        for directory in created:
-            directory.mkdir()
-        staging.mkdir()
-        yield staging
-        _move_in(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        for directory in reversed(created):
-            with contextlib.suppress(OSError):  # one made by this call that something else wrote into stays
-                directory.rmdir()
-        raise
-    staging.rmdir()
+    with DirectoryLock(target, "save"):  # makes `target` and the parents it lacks, and removes them if left empty
+        staging = target / f".{secrets.token_hex(4)}.partial"
+        try:
+            staging.mkdir()
+            yield staging
+            _move_in(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        staging.rmdir()
 
 
 def check_replaceable(target: Path, names) -> None:

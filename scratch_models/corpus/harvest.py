@@ -25,8 +25,10 @@ from typing import Iterator
 
 import torch
 
+from weight_mapping import DirectoryLock
+
 from .plan import WINDOW_ROWS, Options, Plan, load_model, peek
-from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, OutLock, ShardWriter, check_out, check_space,
+from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, ShardWriter, check_out, check_space,
                       done_blocks, features, finish, human_bytes, kept_parts, row_bytes, to_numpy, write_json_atomic)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20
@@ -133,14 +135,16 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
     start = time.perf_counter()
     out = Path(out).expanduser().resolve()
     with _distributed(device) as (rank, world, device), contextlib.ExitStack() as held:
+        # rank 0 holds the directory's lock for all, taken before the model is loaded and hashed: a second command
+        # there refuses at once
+        _agree(rank, world, lambda: held.enter_context(DirectoryLock(out, "harvest")))
         options = Options(**options)
         options.dtype = options.dtype or "float32"
         plan = _plan(model, data, names, options, compile, device, model_dtype)
         chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile))
         # where a shard ends depends on its size: a resume with another size would skip or repeat rows
-        settings = plan.settings() | {"shard_bytes": shard_bytes}
-        # rank 0 holds the directory's lock for all (a second harvest there refuses at once)
-        _agree(rank, world, lambda: _prepare(out, settings, overwrite, held))
+        settings = plan.settings() | {"shard_bytes": shard_bytes} | plan.computation(compile, chosen.torch)
+        _agree(rank, world, lambda: _prepare(out, settings, overwrite))
         layouts = plan.layouts
         saelens_context = plan.options.context if plan.options.layout == "saelens" else None
         shard_features = features(layouts, plan.options.dtype, saelens_context)
@@ -176,8 +180,7 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
     return dataset, summary
 
 
-def _prepare(out: Path, settings: dict, overwrite: bool, held: contextlib.ExitStack) -> None:
-    held.enter_context(OutLock(out))
+def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
     manifest = check_out(out, settings, overwrite)
     if manifest is None:
         write_json_atomic(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running",
@@ -198,7 +201,9 @@ class Threads:
     one thread each. Forward passes side by side rather than one forward pass over all cores: on a core that
     another process also uses, a thread that waits for the others at every operation (torch's intra-op threads)
     slows them all (issue 29 measured 74-91 tokens/s against 535-783 on one thread), while a thread of its own
-    slows only itself. The rows are the same whatever the threads: each forward pass runs on one torch thread."""
+    slows only itself. The rows are the same whatever the forward threads (each batch runs on one of them); the torch
+    threads each forward pass runs on (1 up to 8 cores, more beyond or compiled) are a setting a resume must match
+    (Plan.computation)."""
 
     forward: int
     torch: int

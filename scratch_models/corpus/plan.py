@@ -214,6 +214,20 @@ class Plan:
                 "context": o.context, "positions": o.positions, "drop_special": o.drop_special,
                 "prepend_bos": o.prepend_bos, "layout": o.layout, "batch_size": o.batch_size}
 
+    def computation(self, compile: bool, torch_threads: int) -> dict:
+        """How the rows are computed beyond the weights (whose hash covers their dtype, `model_dtype` says it in
+        words): each of these changes a row's bits, so a resume that mixed them would mix rows of two kinds (an
+        eager and a compiled run differ by up to ~1e-5): compiled or not; the device, and which (a GPU's name, the
+        CPU's vector instructions); the intra-op threads each forward pass runs on, which decide how a matmul's
+        sums are split (harvest's forward threads side by side change nothing: each batch runs on one of them)."""
+        device = self.runner.device
+        if device.type == "cuda":
+            which, torch_threads = torch.cuda.get_device_name(device), None  # the GPU computes: not the CPU's threads
+        else:
+            which = torch.backends.cpu.get_cpu_capability()
+        return {"compile": compile, "device": f"{device.type} ({which})", "torch_threads": torch_threads,
+                "model_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
+
     def sequences(self) -> Iterator[batching.Sequence]:
         o = self.options
         pack = o.batching == "pack"

@@ -7,7 +7,8 @@
       data-00000.json           ArrowWriter, with its counts beside it
       ...
       state.json, dataset_info.json   written last: `datasets.load_from_disk(out)` memory-maps the shards
-      harvest.lock              while a harvest runs: who runs it (pid, host, start), locked (flock) by that process
+      .scratch-models.lock      while a harvest runs: who runs it (pid, host, start), locked (flock) by that process
+                                (weight_mapping.DirectoryLock: any two commands writing one directory refuse)
 
 A shard is written under a temporary name and renamed once complete (its counts first), so a shard file that
 exists is whole: a run killed at any moment resumes from the shards there. Arrow has no bfloat16: bfloat16 rows
@@ -17,10 +18,8 @@ are stored as their 16-bit patterns (uint16), which `as_bfloat16` reads back as 
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import json
 import os
-import socket
 import queue
 import threading
 import time
@@ -29,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from weight_mapping.locks import LOCK_FILE
+
 MANIFEST = "harvest.json"
-LOCK = "harvest.lock"
 FORMAT = "scratch-models harvest"
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ARROW_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
@@ -96,13 +96,34 @@ def kept_name(block: int) -> str:
 
 
 def done_blocks(out: Path) -> dict[int, dict]:
-    """Block index -> the counts of each complete shard in `out`."""
+    """Block index -> the counts of each complete shard in `out`. A shard whose length is not the one its counts
+    record (a copy cut short, a file changed) is refused, naming both files. No checksum: the length finds a
+    truncation for free, while a checksum would read every shard again at each resume (a 100 GB harvest: minutes)
+    to find a changed byte, which the disk's and the file system's own checks already guard against."""
     done = {}
     for arrow in out.glob("data-*.arrow"):
-        counts = arrow.with_suffix(".json")
-        if counts.is_file():
-            done[int(arrow.stem.removeprefix("data-"))] = json.loads(counts.read_text(encoding="utf-8"))
+        path = arrow.with_suffix(".json")
+        if path.is_file():
+            advice = f"delete it and {arrow.name}, and run the same command again: that shard is redone"
+            counts = read_record(path, advice)
+            size = arrow.stat().st_size
+            if size != counts.get("bytes", size):
+                raise HarvestError(f"{arrow}: {size} bytes, where {path.name} records {counts['bytes']}: the shard "
+                                   f"was cut short or changed since it was written; {advice}")
+            done[int(arrow.stem.removeprefix("data-"))] = counts
     return done
+
+
+def read_record(path: Path, advice: str) -> dict:
+    """A JSON object harvest wrote (a manifest, a shard's counts, a kept record); a HarvestError naming the file,
+    what is wrong and `advice` when it is cut short or garbled."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HarvestError(f"{path}: not valid JSON ({e}): the file was cut short or changed; {advice}") from None
+    if not isinstance(value, dict):
+        raise HarvestError(f"{path}: expected a JSON object, got {type(value).__name__}; {advice}")
+    return value
 
 
 def kept_parts(out: Path) -> dict[int, dict]:
@@ -113,7 +134,8 @@ def kept_parts(out: Path) -> dict[int, dict]:
         block = int(path.name.removeprefix("data-").removesuffix(".kept.json"))
         partial = out / f"{shard_name(block)}.partial"
         source = _aside(partial) if _aside(partial).is_file() else partial  # a resume killed while it copied
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_record(path, f"delete it and {partial.name}, and run the same command again: that shard is "
+                                   "redone from its start")
         if source.is_file() and source.stat().st_size >= record["bytes"]:
             kept[block] = record
     return kept
@@ -186,7 +208,7 @@ class ShardWriter:
     def _work(self) -> None:
         from datasets.arrow_writer import ArrowWriter
 
-        writer, partial, block, progress, committed = None, None, None, None, 0
+        writer, partial, block, progress, committed, flushed = None, None, None, None, 0, None
         kept_at = time.monotonic()
         while True:
             item = self.queue.get()
@@ -202,13 +224,15 @@ class ShardWriter:
                     partial = self.out / f"{shard_name(block)}.partial"
                     if kept is not None:
                         _set_aside(partial)
-                    writer = ArrowWriter(features=self.features, path=str(partial))
+                    writer, flushed = ArrowWriter(features=self.features, path=str(partial)), None
                     if kept is not None:
                         _write_kept(writer, _aside(partial), kept["bytes"])
-                        progress = kept
+                        progress, flushed = kept, (kept, kept["bytes"])
                 elif kind == "rows":
                     columns, progress = value
                     writer.write_batch(columns)
+                    writer.stream.flush()
+                    flushed = (progress, writer.stream.tell())  # whole batches, up to here
                     if time.monotonic() - kept_at >= KEEP_SECONDS:
                         self._keep(writer, block, progress)
                         kept_at = time.monotonic()
@@ -220,6 +244,7 @@ class ShardWriter:
                     writer.close()
                     writer = None
                     committed += self._commit(block, partial, value)
+                    flushed = None
                 if writer is not None:
                     writer.stream.flush()
                 self.bytes_written = committed + (writer.stream.tell() if writer is not None else 0)
@@ -227,9 +252,12 @@ class ShardWriter:
                 if writer is not None:
                     with contextlib.suppress(OSError):  # closing flushes, and a full disk refuses that too
                         writer.close()
-                if partial is not None:
-                    partial.unlink(missing_ok=True)
-                    (self.out / kept_name(block)).unlink(missing_ok=True)
+                if flushed is not None and partial.is_file():
+                    # the whole batches that reached the file survive: the resume goes on after them (a full
+                    # disk may refuse even this small record; the last one kept then stands)
+                    with contextlib.suppress(OSError):
+                        _fsync(partial)
+                        write_json_atomic(self.out / kept_name(block), flushed[0] | {"bytes": flushed[1]})
                 self.error = _disk_error(e, self.out, block)
                 self._drain()
                 return
@@ -290,9 +318,14 @@ def _write_kept(writer, aside: Path, length: int) -> None:
 
 def _disk_error(e: BaseException, out: Path, block: int | None) -> BaseException:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        done = len(done_blocks(out))
+        try:
+            done, kept = len(done_blocks(out)), kept_parts(out).get(block)
+        except HarvestError:  # a record garbled as well: the next run names it
+            done, kept = "other", None
+        part = f", and {kept['batches']} batches of shard {block} ({human_bytes(kept['bytes'])})" if kept else ""
         return DiskFull(e.errno, f"the disk holding {out} is full (writing shard {block}): the {done} shards "
-                                 "finished are intact; free some space and run the same command again to resume")
+                                 f"finished are intact{part}; free some space and run the same command again to "
+                                 "resume")
     return e
 
 
@@ -317,61 +350,6 @@ def _fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-class OutLock:
-    """The lock one harvest holds on its directory, so a second one there refuses at once, naming the first (pid,
-    host, start). An flock on `harvest.lock`: the kernel lets go of it when its process ends however it ends, so
-    the lock of a process that is gone is taken over. Also a context manager."""
-
-    def __init__(self, out: Path):
-        self.path = out / LOCK
-        self.fd = None
-
-    def acquire(self) -> "OutLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 4096).decode(errors="replace")
-                os.close(fd)
-                raise HarvestError(f"{self.path.parent}: another harvest is running there ({_holder(holder)}): wait "
-                                   "for it to end, or stop it; the same command then resumes") from None
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:  # its holder removed it between our open and our lock
-                same = False
-            if same:
-                break
-            os.close(fd)
-        who = {"pid": os.getpid(), "host": socket.gethostname(),
-               "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(who).encode(), 0)
-        self.fd = fd
-        return self
-
-    def release(self) -> None:
-        if self.fd is not None:
-            self.path.unlink(missing_ok=True)  # before the unlock: a process waiting on this file sees it gone
-            os.close(self.fd)
-            self.fd = None
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
-
-
-def _holder(text: str) -> str:
-    try:
-        who = json.loads(text)
-        return f"pid {who['pid']} on {who['host']}, started {who['started']}"
-    except (ValueError, KeyError, TypeError):
-        return "a process that has not yet said who it is"
-
-
 def remove_harvest(out: Path) -> None:
     """Delete a harvest's own files from `out` (--overwrite); anything else there is left alone."""
     for path in out.iterdir():
@@ -387,9 +365,12 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
     if out.exists() and not out.is_dir():
         raise HarvestError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else None
+    for name in _OURS:  # a kill between a JSON file's write and its rename: the old file, or none, is the one
+        (out / f"{name}.partial").unlink(missing_ok=True)
+    manifest = read_record(manifest_path, "pass --overwrite (overwrite=True) to start again") \
+        if manifest_path.is_file() else None
     if manifest is None:
-        strangers = [p.name for p in out.iterdir() if p.name != LOCK]
+        strangers = [p.name for p in out.iterdir() if p.name != LOCK_FILE]
         if strangers:
             raise HarvestError(f"{out}: not empty ({', '.join(sorted(strangers)[:5])}"
                                f"{', ...' if len(strangers) > 5 else ''}) and holds no {MANIFEST}: harvest into a new "
@@ -401,11 +382,7 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
     if manifest.get("format") != FORMAT:
         raise HarvestError(f"{manifest_path}: not a scratch-models harvest manifest")
     if manifest["settings"] != settings:
-        changed = [f"{key}: {_short(manifest['settings'].get(key))} there, {_short(settings.get(key))} now"
-                   for key in sorted(set(settings) | set(manifest["settings"]))
-                   if manifest["settings"].get(key) != settings.get(key)]
-        raise HarvestError(f"{out} holds a harvest made with other settings ({'; '.join(changed)}): run the same "
-                           "command to resume it, or pass --overwrite (overwrite=True) to start again")
+        raise HarvestError(other_settings(out, "a harvest", manifest["settings"], settings))
     if settings["data"]["source"] is None:
         raise HarvestError(f"{out} holds a harvest of data that cannot be told apart from other data (an "
                            "IterableDataset made in Python): pass --overwrite (overwrite=True) to start again")
@@ -415,6 +392,15 @@ def check_out(out: Path, settings: dict, overwrite: bool) -> dict | None:
 def _started(out: Path) -> bool:
     """Whether a harvest in `out` has done any work to keep: a shard, or part of one."""
     return any(out.glob("data-*.arrow")) or bool(kept_parts(out))
+
+
+def other_settings(out: Path, what: str, there: dict, now: dict) -> str:
+    """The refusal of a resume with other settings (harvest's and features'): each key that differs, with its value
+    there and now, and what to do."""
+    changed = [f"{key}: {_short(there.get(key))} there, {_short(now.get(key))} now"
+               for key in sorted(set(now) | set(there)) if there.get(key) != now.get(key)]
+    return (f"{out} holds {what} made with other settings ({'; '.join(changed)}): run the same command to resume it, "
+            "or pass --overwrite (overwrite=True) to start again")
 
 
 def _short(value) -> str:
@@ -452,7 +438,7 @@ def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F82
     missing = [name for name in files if not (out / name).is_file()]
     if missing:
         raise HarvestError(f"{out}: shards missing before the harvest can be closed: {', '.join(missing[:5])}")
-    dataset = datasets.concatenate_datasets([datasets.Dataset.from_file(str(out / name)) for name in files]) \
+    dataset = datasets.concatenate_datasets([_open_shard(out / name) for name in files]) \
         if files else datasets.Dataset.from_dict({name: [] for name in features}, features=features)
     state = {"_data_files": [{"filename": name} for name in files], "_fingerprint": dataset._fingerprint,
              "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
@@ -461,6 +447,19 @@ def finish(out: Path, blocks: int, features) -> "datasets.Dataset":  # noqa: F82
     write_json_atomic(out / "dataset_info.json", {key: info[key] for key in sorted(info)})
     write_json_atomic(out / "state.json", state)
     return dataset
+
+
+def _open_shard(path: Path) -> "datasets.Dataset":  # noqa: F821
+    """A shard, memory-mapped; a HarvestError naming it when Arrow cannot read it."""
+    import datasets
+    import pyarrow as pa
+
+    try:
+        return datasets.Dataset.from_file(str(path))
+    except (pa.ArrowException, OSError) as e:
+        raise HarvestError(f"{path}: not a readable Arrow stream ({e}): the shard was changed since it was written; "
+                           f"delete it and {path.with_suffix('.json').name}, and run the same command again: that "
+                           "shard is redone") from None
 
 
 def as_bfloat16(column) -> torch.Tensor:

@@ -10,6 +10,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from weight_mapping import GENERATION_CONFIG
+
 from ..parts.inputs import check_ids, check_mask
 from ..parts.kv_cache import KVCache
 
@@ -118,7 +120,8 @@ class GenerationConfig:
     GenerationConfig.from_model_config). `unsupported`: settings the file makes that generate does not implement
     (beam search, bad_words_ids, ...), refused by generate rather than ignored; clear them to generate without.
     `max_length` and `min_length` count the prompt, as transformers'; min_new_tokens, where set, wins over
-    min_length, as there."""
+    min_length, as there. `other`: the file's fields that change nothing here (bos_token_id, transformers_version,
+    ...), kept so that `to_dict` writes back what was read."""
 
     do_sample: bool | None = None
     temperature: float | None = None
@@ -136,6 +139,7 @@ class GenerationConfig:
     typical_p: float | None = None
     unsupported: dict = dataclasses.field(default_factory=dict)
     source: str = "config.json"
+    other: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def from_dict(cls, raw: dict, source: str) -> "GenerationConfig":
@@ -157,17 +161,27 @@ class GenerationConfig:
             values[field] = value
         unsupported = {field: raw[field] for field, off in NOT_IMPLEMENTED.items()
                        if raw.get(field, off) not in (off, None)}
-        return cls(**values, unsupported=unsupported, source=source)
+        other = {key: value for key, value in raw.items() if key not in kinds and key not in unsupported}
+        return cls(**values, unsupported=unsupported, source=source, other=other)
+
+    def to_dict(self) -> dict:
+        """generation_config.json's contents (what save_pretrained writes): the fields read and not changed since,
+        then the settings as they are now (those left unset are not written: transformers' defaults apply)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                  if field.name not in ("unsupported", "source", "other")}
+        return self.other | {key: value for key, value in fields.items() if value is not None} | self.unsupported
 
     @classmethod
     def from_model_config(cls, config) -> "GenerationConfig":
+        bos = getattr(config, "bos_token_id", None)  # what transformers' from_model_config also carries over
         return cls(eos_token_id=getattr(config, "eos_token_id", None), pad_token_id=getattr(config, "pad_token_id",
-                                                                                            None))
+                                                                                            None),
+                   other={} if bos is None else {"bos_token_id": bos})
 
     @classmethod
     def of_checkpoint(cls, checkpoint, config) -> "GenerationConfig":
         """generation_config.json beside the checkpoint's config.json, or the model config's special tokens."""
-        from weight_mapping import GENERATION_CONFIG, read_config_json
+        from weight_mapping import read_config_json
 
         path = checkpoint.directory / GENERATION_CONFIG
         if not path.is_file():
@@ -196,6 +210,9 @@ class GenerationMixin:
     def read_checkpoint_settings(self, checkpoint, config) -> None:
         super().read_checkpoint_settings(checkpoint, config)
         self.generation_config = GenerationConfig.of_checkpoint(checkpoint, config)
+
+    def checkpoint_settings(self) -> dict[str, dict]:
+        return super().checkpoint_settings() | {GENERATION_CONFIG: self.generation_config.to_dict()}
 
     @torch.no_grad()
     def generate(self, input_ids=None, attention_mask: torch.Tensor | None = None, *,

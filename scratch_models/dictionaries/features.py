@@ -16,7 +16,9 @@ Resumable: every processed block of the corpus (BLOCK_TOKENS tokens) is counted 
 every SAVE_SECONDS, so a run killed at any moment, even by kill -9, redoes at most that much; the same command
 resumes it (other settings are refused unless `overwrite`). Under torchrun each rank takes every world-th block, as
 harvest does; rank 0 merges the parts and writes the outputs. The result does not depend on how the corpus was split
-among processes or runs (ties and the sample are decided by each token's place in the corpus).
+among processes or runs (ties and the sample are decided by each token's place in the corpus). As harvest: the
+directory's lock (weight_mapping.DirectoryLock) is taken before the model loads, a resume with other settings is
+refused naming each with its old and new value, and Ctrl-C raises `Interrupted` saying what is kept.
 
     out/
       features.json          settings, then the counts and timings once complete
@@ -37,6 +39,10 @@ from pathlib import Path
 
 import torch
 
+from weight_mapping import DirectoryLock
+from weight_mapping.locks import LOCK_FILE
+
+from ..corpus.storage import _fsync
 from ..lens.names import SAME
 from .feature_stats import BINS, BatchPlaces, FeatureStats, bin_edges
 from .sae import SAE, DictionaryError
@@ -102,7 +108,7 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     (tokens before, tokens after) each example shows. `pages`: write the HTML pages. `block_tokens`: the corpus's
     unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file.
     `threads`: the CPU threads, as harvest's (forward passes and the encoder side by side, a torch thread each)."""
-    from ..corpus.harvest import Threads, _agree, _barrier, _distributed
+    from ..corpus.harvest import Interrupted, Threads, _agree, _barrier, _distributed
     from ..corpus.plan import Options, Plan
 
     unknown = set(options) - set(OPTION_NAMES)
@@ -112,6 +118,8 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     start = time.perf_counter()
     out = Path(out).expanduser().resolve()
     with _distributed(device) as (rank, world, device), contextlib.ExitStack() as held:
+        # rank 0 holds the directory's lock for all, before the model is loaded: a second command there refuses at once
+        _agree(rank, world, lambda: held.enter_context(DirectoryLock(out, "features")))
         model = _model(model, device, model_dtype)
         sae = dictionary if isinstance(dictionary, SAE) else SAE.from_pretrained(dictionary)
         sae = sae.to(next(model.parameters()).device)
@@ -123,16 +131,24 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
                                   "error term, so that point holds its reconstruction, not the model's activations: "
                                   "detach it (model.detach()) or attach it with error_term=True")
         plan = Plan(model, data, [site.name], Options(**options))
+        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
         settings = plan.settings() | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
                                       "hook": site.name, "top_k": top_k, "samples": samples,
-                                      "window": list(window), "block_tokens": block_tokens}
+                                      "window": list(window), "block_tokens": block_tokens} | plan.computation(
+                                          False, chosen.torch)
         _agree(rank, world, lambda: _prepare(out, settings, overwrite))
         done = _done_blocks(out)
-        chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
         try:
             run.run(block_tokens, save_seconds)
+        except KeyboardInterrupt:  # Ctrl-C: say what is kept (the command line prints it and exits 130)
+            if run.bar is not None:
+                run.bar.close()
+            kept = len(done) + run.saved
+            raise Interrupted(f"interrupted: {kept} block{'s' * (kept != 1)} of the corpus counted and saved; the same "
+                              f"command resumes (what this run counted since it last saved, at most "
+                              f"{save_seconds:g} s of it, is counted again)") from None
         finally:
             run.pool.shutdown(cancel_futures=True)
         run.timings["pass"] = time.perf_counter() - start  # everything up to here: what grows with the corpus
@@ -190,34 +206,63 @@ def _sae_hash(sae: SAE) -> str:
 
 
 def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
-    """A new or empty `out`, or one holding a features run of these settings (to resume)."""
-    import shutil
+    """A new or empty `out`, or one holding a features run of these settings (to resume). Whatever a kill at any
+    moment leaves is taken by the same command: the manifest is written before parts/ is made, a manifest's
+    temporary file (a kill before its rename) and a part file's are removed, and a run that counted nothing yet (a
+    start that failed, on a document too long say, or a kill before the first save) is started again, whatever
+    its settings were."""
+    from ..corpus.storage import other_settings
 
     manifest = out / MANIFEST
     if out.exists() and not out.is_dir():
         raise DictionaryError(f"{out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"{MANIFEST}.partial").unlink(missing_ok=True)
+    for partial in (out / "parts").glob("*.partial"):
+        partial.unlink()
     if manifest.is_file():
-        known = json.loads(manifest.read_text(encoding="utf-8"))
-        if overwrite or known.get("format") != FORMAT:
-            if known.get("format") != FORMAT and not overwrite:
-                raise DictionaryError(f"{manifest}: not a features run's manifest")
-            for name in ("parts", "dataset", "features", "assets"):
-                shutil.rmtree(out / name, ignore_errors=True)
-            for name in (MANIFEST, "index.html"):
-                (out / name).unlink(missing_ok=True)
+        known = _read_json(manifest)
+        if known.get("format") != FORMAT and not overwrite:
+            raise DictionaryError(f"{manifest}: not a features run's manifest")
+        if overwrite or known.get("status") == "running" and not _part_files(out):
+            _remove_run(out)
         elif known["settings"] != settings:
-            changed = [key for key in sorted(set(settings) | set(known["settings"]))
-                       if settings.get(key) != known["settings"].get(key)]
-            raise DictionaryError(f"{out} holds a features run made with other settings ({', '.join(changed)}): run "
-                                  "the same command to resume it, or pass --overwrite (overwrite=True) to start again")
+            raise DictionaryError(other_settings(out, "a features run", known["settings"], settings))
         else:
             return
-    elif any(out.iterdir()):
-        raise DictionaryError(f"{out}: not empty and holds no {MANIFEST}: write features into a new or empty "
-                              "directory")
-    (out / "parts").mkdir(exist_ok=True)
+    else:
+        # an empty parts/: a kill between its making and the manifest's (as versions before this one made them)
+        strangers = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE
+                           and not (p.name == "parts" and p.is_dir() and not any(p.iterdir())))
+        if strangers:
+            listed = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
+            raise DictionaryError(f"{out}: not empty ({listed}) and holds no {MANIFEST}: write features into a new or "
+                                  "empty directory")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings})
+    (out / "parts").mkdir(exist_ok=True)
+
+
+def _remove_run(out: Path) -> None:
+    """Delete a features run's own files from `out` (--overwrite); anything else there is left alone."""
+    import shutil
+
+    for name in ("parts", "dataset", "features", "assets"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for name in (MANIFEST, "index.html"):
+        (out / name).unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object this module wrote; a DictionaryError naming the file when it is cut short or garbled."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DictionaryError(f"{path}: not valid JSON ({e}): the file was cut short or changed; pass --overwrite "
+                              "(overwrite=True) to start again") from None
+    if not isinstance(value, dict):
+        raise DictionaryError(f"{path}: expected a JSON object, got {type(value).__name__}; pass --overwrite "
+                              "(overwrite=True) to start again")
+    return value
 
 
 def _part_files(out: Path) -> list[Path]:
@@ -227,8 +272,22 @@ def _part_files(out: Path) -> list[Path]:
 def _done_blocks(out: Path) -> set[int]:
     done = set()
     for part in _part_files(out):
-        done |= set(torch.load(part, weights_only=True)["blocks"])
+        done |= set(_load_part(part)["blocks"])
     return done
+
+
+def _load_part(part: Path) -> dict:
+    """A part file's statistics; a DictionaryError naming it when torch cannot read it (cut short, or changed)."""
+    try:
+        state = torch.load(part, weights_only=True)
+        if not isinstance(state, dict) or "blocks" not in state:
+            raise ValueError("not a features part file")
+    except Exception as e:  # torch raises RuntimeError, pickle's and zipfile's errors alike
+        reason = str(e).splitlines()[0][:100] if str(e) else ""
+        raise DictionaryError(f"{part}: cannot be read ({type(e).__name__}: {reason}): the file was "
+                              "cut short or changed; delete it and run the same command again (its blocks are "
+                              "counted again)") from None
+    return state
 
 
 class _Pass:
@@ -244,6 +303,7 @@ class _Pass:
         self.pool = ThreadPoolExecutor(threads.forward, thread_name_prefix="features-forward")
         self.part = out / "parts" / f"part-{secrets.token_hex(6)}-rank{rank}.pt"
         self.blocks: list[int] = []
+        self.saved = 0  # of `blocks`, in the part file
         self.tokens = 0
         self.timings = {"reading and tokenizing": 0.0, "forward (all threads)": 0.0, "encoder (all threads)": 0.0,
                         "counting": 0.0, "saving": 0.0}
@@ -315,7 +375,9 @@ class _Pass:
         clock = time.perf_counter()
         partial = self.part.with_suffix(".partial")
         torch.save(self.stats.state() | {"blocks": self.blocks}, partial)
+        _fsync(partial)  # on the disk before its name says it is whole (a power cut, not only a kill)
         os.replace(partial, self.part)
+        self.saved = len(self.blocks)
         self.timings["saving"] += time.perf_counter() - clock
 
 
@@ -340,7 +402,7 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: 
     stats = None
     counted = set()
     for part in parts:
-        state = torch.load(part, weights_only=True)
+        state = _load_part(part)
         counted |= set(state["blocks"])
         loaded = FeatureStats.from_state(state)
         if stats is None:

@@ -34,6 +34,9 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
     # the checkpoint's tokenizer (scratch_models.Tokenizer), set by from_pretrained; assign one to a model built
     # otherwise
     tokenizer = None
+    # the files beside the checkpoint from_pretrained read (its tokenizer's, chat template, README, ...: see
+    # Checkpoint.companion_files), which save_pretrained copies
+    source_files: tuple[Path, ...] = ()
     # a model with a head: transformers' class of that name holds the base model as `bert` / `transformer`, so
     # its checkpoints put the table's base_prefix on base-model keys (True); a string: the prefix this class's put
     # there instead, one of the table's head_prefixes (LlamaForQuestionAnswering's `transformer.`)
@@ -128,6 +131,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use, and generate's defaults
         model.tokenizer = Tokenizer(checkpoint, token_type_ids=cls.family.pairs)
+        model.source_files = tuple(checkpoint.companion_files)
         model.read_checkpoint_settings(checkpoint, config)
         if transformer_lens:
             model.use_transformer_lens()
@@ -137,6 +141,11 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
     def read_checkpoint_settings(self, checkpoint, config) -> None:
         """Read what a checkpoint keeps beside its weights for the layers that use it (a causal LM's generate
         defaults: scratch_models/decoding/generation.py); the base model keeps nothing more."""
+
+    def checkpoint_settings(self) -> dict[str, dict]:
+        """The JSON files save_pretrained writes beside config.json for the layers that read them back (file name
+        -> content: a causal LM's generation_config.json); none for the base model."""
+        return {}
 
     def save_pretrained(self, directory, *, legacy: bool = False, dtype: torch.dtype | str | None = None
                         ) -> list[Path]:
@@ -148,7 +157,13 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         `dtype`: cast the tensors (default: as they are, which must then be one dtype). The files are written
         into a hidden folder inside `directory` and moved in only when complete; other files in `directory` are
         left alone.
-        Returns the two files.
+
+        As transformers, a model that generates also gets generation_config.json (`model.generation_config`: the
+        checkpoint's, with the fields we do not read kept as they were; an Instruct model's end-of-turn token lives
+        there). A model from from_pretrained also takes along the files beside its checkpoint (`source_files`:
+        the tokenizer's, chat template, special_tokens_map.json, README, ...), copied as they are; config.json is
+        written anew (its `dtype` is the saved tensors'), and other weight files are not copied (they would not
+        hold these tensors). Returns the files written, config.json and model.safetensors first.
         """
         from weight_mapping import checkpoint_state, write_checkpoint
 
@@ -165,7 +180,8 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         # our classes carry transformers' class names; `dtype` is what transformers' dtype="auto" loads in
         config = self.config.to_dict() | {"architectures": [type(self).__name__],
                                           "dtype": str(dtype).removeprefix("torch.")}
-        return write_checkpoint(directory, config, tensors)
+        return write_checkpoint(directory, config, tensors, json_files=self.checkpoint_settings(),
+                                copies=self.source_files)
 
     @classmethod
     def kwargs_for_checkpoint(cls, keys: list[str]) -> dict:

@@ -4,16 +4,21 @@ transformers is imported inside the commands that need it, so `scratch-models --
 """
 
 import argparse
+import contextlib
 import difflib
 import logging
+import os
 import re
+import signal
 import sys
+import threading
 
 from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
+from weight_mapping import DirectoryLock
 
 from . import features_cmd, harvest_cmd
-from .common import at_least_one, check_writable_file
+from .common import at_least_one, check_writable_directory, check_writable_file
 from .targets import TARGETS
 
 WHERE = "a hub id, a local directory, a weights file or a sharded index"
@@ -184,15 +189,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "heads" and len(args.model_and_texts) < 2:
         parser.error("heads takes MODEL TEXT [TEXT ...]: give the model and at least one text")
     _quiet_transformers()
+    before = signal.signal(signal.SIGINT, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
                "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
                "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run}
-        return run[args.command](args)
+        # one writer per directory, locked before any model loads: harvest and features lock their --out themselves
+        # (rank 0 for all under torchrun), convert and tiny their destination
+        writes_out = args.command in ("inspect", "lens", "heads", "patch")
+        if writes_out:
+            check_writable_directory("--out", args.out)  # its own words for a path that cannot be a directory
+        with DirectoryLock(args.out, args.command) if writes_out else contextlib.nullcontext():
+            return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
         print(f"scratch-models {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: one line (what is kept, where a command says), the shell's code for it
+        if os.environ.get("RANK", "0") == "0":
+            print(f"scratch-models {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return 130
+    finally:
+        if before is not None and signal.getsignal(signal.SIGINT) is _interrupt:  # not interrupted: as it was
+            signal.signal(signal.SIGINT, before)
+
+
+def _interrupt(signum, frame):
+    """The first Ctrl-C interrupts; those after it are ignored until the process ends, so the interrupted command
+    keeps what it wrote and its threads end before Python does (a second Ctrl-C while they ran aborted the process
+    with a traceback from threading and C++'s `terminate called`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _sweep_options(p, files: str, rows: str):

@@ -62,29 +62,23 @@ def add_parser(commands, model_help: str) -> None:
 
 def run(args) -> int:
     import os
-    import sys
 
-    from scratch_models.corpus import Interrupted, run_harvest
+    from scratch_models.corpus import run_harvest
 
     at_least_one("--batch-size", args.batch_size)
     if not args.shard_size > 0:
         raise ValueError(f"--shard-size must be more than 0 MB, got {args.shard_size}")
     require_device(args.device)
     at_least_one("--threads", args.threads)
-    try:
-        _, summary = run_harvest(args.model, args.data, args.names, args.out, overwrite=args.overwrite,
-                                 compile=args.compile, device=args.device, model_dtype=args.model_dtype,
-                                 shard_bytes=int(args.shard_size * 2**20), space_check=not args.no_space_check,
-                                 progress=not args.quiet, threads=args.threads, batching=args.batching,
-                                 context=args.context, positions=args.positions, drop_special=args.drop_special,
-                                 prepend_bos=args.prepend_bos, dtype=args.dtype, layout=args.layout,
-                                 batch_size=args.batch_size, text_column=args.text_column,
-                                 pair_column=args.pair_column, ids_column=args.ids_column)
-    except KeyboardInterrupt as e:  # Ctrl-C: what is kept, no traceback, and the shell's code for SIGINT
-        if os.environ.get("RANK", "0") == "0":
-            said = str(e) if isinstance(e, Interrupted) else "interrupted while starting; the same command starts again"
-            print(f"scratch-models harvest: {said}", file=sys.stderr)
-        return 130
+    # Ctrl-C: Interrupted says what is kept; the command line prints it and exits 130
+    _, summary = run_harvest(args.model, args.data, args.names, args.out, overwrite=args.overwrite,
+                             compile=args.compile, device=args.device, model_dtype=args.model_dtype,
+                             shard_bytes=int(args.shard_size * 2**20), space_check=not args.no_space_check,
+                             progress=not args.quiet, threads=args.threads, batching=args.batching,
+                             context=args.context, positions=args.positions, drop_special=args.drop_special,
+                             prepend_bos=args.prepend_bos, dtype=args.dtype, layout=args.layout,
+                             batch_size=args.batch_size, text_column=args.text_column,
+                             pair_column=args.pair_column, ids_column=args.ids_column)
     if os.environ.get("RANK", "0") == "0":
         print(summary.format())
     return 0

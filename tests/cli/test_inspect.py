@@ -399,7 +399,7 @@ def test_cli_inspect_embedded_pair_writes_every_picture_offline(tmp_path, capsys
     assert main(["inspect", "time flies like an arrow", "--pair", "fruit flies like a banana", "--out", str(out),
                  "--layer", "2", "--head", "3", "--token", "4"]) == 0
     printed = capsys.readouterr().out
-    assert "[CLS] time flies like an arrow [SEP] fruit flies like a banana [SEP]" in printed
+    assert "'[CLS]' 'time' 'flies' 'like' 'an' 'arrow' '[SEP]' 'fruit' 'flies' 'like' 'a' 'banana' '[SEP]'" in printed
     assert sorted(p.name for p in out.iterdir()) == ["attention.html", "attention_grid.png", "head_L2_H3.png",
                                                       "summary.json", "summary.txt"]
     page = (out / "attention.html").read_text(encoding="utf-8")

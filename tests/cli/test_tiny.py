@@ -32,8 +32,9 @@ def written(tmp_path_factory):
 def test_the_model_verifies_against_transformers_and_its_tokenizer_reads_text(written, family, capsys):
     declared = FAMILIES[family]
     directory = written[family]
-    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                            "tokenizer_config.json"]
+    generates = ["generation_config.json"] if declared.causal else []  # as transformers saves a causal LM
+    assert sorted(p.name for p in directory.iterdir()) == sorted(["config.json", "model.safetensors", "tokenizer.json",
+                                                                  "tokenizer_config.json", *generates])
     assert json.loads((directory / "config.json").read_text())["architectures"] == [declared.lm.__name__]
     capsys.readouterr()
     assert main(["verify", str(directory)]) == 0

@@ -123,7 +123,9 @@ def test_bert_says_why_it_has_no_logit_effects(tmp_path):
 
 def test_settings_must_match_to_resume(lm, sae, done):
     _, _, out = done
-    with pytest.raises(DictionaryError, match=r"holds a features run made with other settings \(top_k\)"):
+    # the key, with its value there and now (as harvest's refusals say it)
+    with pytest.raises(DictionaryError, match=r"holds a features run made with other settings \(top_k: 5 there, 4 "
+                                              r"now\): run the same command"):
         run_features(lm, sae, CORPUS, out, top_k=4, samples=6, window=(3, 2), block_tokens=40, progress=False,
                      **OPTIONS)
     again, summary = run_features(lm, sae, CORPUS, out, top_k=5, samples=6, window=(3, 2), block_tokens=40,
@@ -133,7 +135,7 @@ def test_settings_must_match_to_resume(lm, sae, done):
     other = out.parent / "stranger"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(DictionaryError, match="not empty and holds no features.json"):
+    with pytest.raises(DictionaryError, match=r"stranger: not empty \(notes.txt\) and holds no features.json"):
         run_features(lm, sae, CORPUS, other, progress=False, **OPTIONS)
 
 

@@ -108,7 +108,8 @@ def test_save_into_a_mount_point_under_a_read_only_parent(mount_point, gpt2, sav
     converted.mkdir()
     assert main(["convert", str(saved["gpt2"]), str(converted)]) == 0
     assert "read back bitwise equal" in capsys.readouterr().out
-    assert sorted(p.name for p in converted.iterdir()) == ["config.json", "model.safetensors"]
+    # convert writes GPT2LMHeadModel, which generates: generation_config.json, as transformers saves it
+    assert sorted(p.name for p in converted.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
 
 
 def test_save_and_convert_expand_the_home_directory(tmp_path, monkeypatch, gpt2, saved, capsys):

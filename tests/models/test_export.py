@@ -59,8 +59,10 @@ def gpt2_source(tmp_path_factory):
 def export(model, directory, hf_loader, **save_kwargs):
     """model -> save_pretrained -> transformers (eager, clean loading) and -> ours (bitwise the same)."""
     files = model.save_pretrained(directory, **save_kwargs)
-    assert files == [directory / "config.json", directory / "model.safetensors"]
-    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors"]
+    # a model that generates also writes generate's settings, as transformers' save_pretrained does
+    generation = ["generation_config.json"] if hasattr(model, "generate") else []
+    assert files == [directory / name for name in ("config.json", "model.safetensors", *generation)]
+    assert sorted(p.name for p in directory.iterdir()) == sorted(["config.json", "model.safetensors", *generation])
     theirs, info = hf_loader.from_pretrained(directory, output_loading_info=True, attn_implementation="eager")
     assert clean(info) == {}
     assert type(theirs).__name__ == type(model).__name__
@@ -217,7 +219,8 @@ def test_save_is_all_or_nothing(tmp_path, gpt2_source, monkeypatch):
     assert (target / "config.json").read_text() == "stale"
     monkeypatch.undo()
     model.save_pretrained(target)
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                        "tokenizer.json"]
     assert_same_state(model, GPT2LMHeadModel.from_pretrained(target))
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="file: exists and is not a directory"):
