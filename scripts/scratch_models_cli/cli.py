@@ -12,7 +12,7 @@ import sys
 from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 
-from . import features_cmd, harvest_cmd
+from . import attribute_cmd, features_cmd, harvest_cmd
 from .common import at_least_one, check_writable_file
 from .targets import TARGETS
 
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     harvest_cmd.add_parser(commands, MODEL)
     features_cmd.add_parser(commands, MODEL)
+    attribute_cmd.add_parser(commands, MODEL)
 
     args = parser.parse_args(argv)
     if args.command == "inspect" and len(args.model_and_text) > 2:
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
                "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
-               "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run}
+               "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run,
+               "attribute": attribute_cmd.run}
         return run[args.command](args)
     # OSError: a path that does not exist, a full or read-only disk; its message names the path and the reason
     except (CheckpointError, ConfigError, ValueError, OSError) as e:
