@@ -43,7 +43,7 @@ from transformer_lens.pretrained.weight_conversions.llama import convert_llama_w
 
 from circuit_data import random_transcoders  # noqa: E402
 from scratch_models import FAMILIES  # noqa: E402
-from scratch_models.circuits import (attribute, graph_scores, load_transcoders, node_influence, prune_graph,  # noqa
+from scratch_models.circuits import (attribute, feature_intervention, graph_scores, load_transcoders, node_influence, prune_graph,  # noqa
                                      save_transcoders, write_frontend_files)
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, LAYERS = 41, 32, 4, 2, 8, 48, 3
@@ -178,6 +178,38 @@ def test_attribution_graph_is_circuit_tracers(tmp_path, monkeypatch, family, kin
     for name in ("parity.json", "graph-metadata.json"):
         mine, reference = (json.loads((tmp_path / side / name).read_text()) for side in ("ours", "theirs"))
         _same(mine, reference, name)
+
+
+INTERVENTIONS = [("gemma2", "transcoder_set", dict(jumprelu=True, skip=True), dict()),
+                 ("gemma2", "transcoder_set", dict(jumprelu=True, skip=True), dict(freeze_attention=False)),
+                 ("gemma2", "transcoder_set", dict(jumprelu=True, skip=True),
+                  dict(constrained_layers=range(LAYERS), apply_activation_function=False)),
+                 ("llama", "cross_layer_transcoder", dict(), dict(constrained_layers=range(1, LAYERS))),
+                 ("llama", "cross_layer_transcoder", dict(jumprelu=True), dict()),
+                 ("llama", "transcoder_set", dict(skip=True), dict(constrained_layers=range(LAYERS)))]
+
+
+@pytest.mark.parametrize("family, kind, shape, options", INTERVENTIONS)
+def test_feature_intervention_is_circuit_tracers(tmp_path, family, kind, shape, options):
+    """Set one active feature to 0 and scale another by 3 (a slice of positions for a third): the logits and every
+    layer's activations after, within 1e-5 of the largest."""
+    hf = hf_checkpoint(family, tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], **shape),
+                     tmp_path / "transcoders")
+    ours_tc = load_transcoders(tmp_path / "transcoders")
+    theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
+    ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    _, clean = theirs_model.get_activations(ids)
+    first = (clean[0, 2] > 0).nonzero()[0, 0].item()
+    second = (clean[1, 5] > 0).nonzero()[0, 0].item()
+    interventions = [(0, 2, first, 0.0), (1, 5, second, 3 * clean[1, 5, second].item()), (2, slice(3, 6), 4, 1.5)]
+    their_logits, their_acts = theirs_model.feature_intervention(ids, interventions, **options)
+    our_logits, our_acts = feature_intervention(ours_model, ours_tc, ids, interventions, **options)
+    assert (our_logits - their_logits).abs().max() <= 1e-5 * their_logits.abs().max()
+    assert (our_acts - their_acts).abs().max() <= 1e-5 * their_acts.abs().max()
+    unedited, _ = theirs_model.feature_intervention(ids, [], **options)
+    assert (their_logits - unedited).abs().max() > 1e-3 * unedited.abs().max()  # the interventions change something
 
 
 def _same(mine, reference, where="") -> None:
