@@ -19,7 +19,9 @@ hook and position, a logit the demeaned unembedding column (W_U[:, t] - mean ove
 norm's output (`ln_f`) of the last position. The gradient of that read with respect to each source's write (a
 feature's activation times its decoder row at every output hook it writes, an error vector, a token's embedding at
 the embedding hook TransformerLens calls hook_embed) is the edge. Rows are computed `batch_size` targets at a time:
-one forward pass of the prompt repeated `batch_size` times, and one backward pass per batch.
+one forward pass of the prompt (once, not repeated per target as circuit-tracer repeats it), and per batch one
+backward pass vectorised over the targets (torch.autograd.grad with is_grads_batched), so the activations the
+backward pass reads are held once.
 
 **Node order** (circuit-tracer's Graph): the selected features (in the order of `active_features`: layer, position,
 feature index), then error nodes (layer-major: error[layer][position]), then tokens, then logits. Rows are targets
@@ -74,7 +76,8 @@ class ReplacementModel:
             raise ValueError(f"attribution graphs explain the next token of a causal language model; "
                              f"{model.family.title} is not one")
         if getattr(model, "lm_head", None) is None and not hasattr(model, "output_embeddings"):
-            raise ValueError(f"{type(model).__name__} has no LM head: load the checkpoint as {model.family.lm.__name__}")
+            raise ValueError(f"{type(model).__name__} has no LM head: load the checkpoint as "
+                             f"{model.family.lm.__name__}")
         self.model, self.transcoders = model, transcoders
         self.inputs, self.outputs = transcoders.sites(model)
         self.n_layers = transcoders.n_layers
@@ -139,8 +142,8 @@ class ReplacementModel:
                         cat(pos, none), cat(vecs, torch.zeros(0, tc.d_model, dtype=tc.dtype)), errors,
                         seen[self.embed][0].to(tc.dtype))
 
-    def linear_pass(self, input_ids: torch.Tensor, batch: int):
-        """The forward pass of the local replacement model on `batch` copies of the prompt, with the graph kept:
+    def linear_pass(self, input_ids: torch.Tensor):
+        """The forward pass of the local replacement model on the prompt, with the graph kept:
         (the input hook's tensor per layer, the output hook's per layer, the embedding's, the final norm's)."""
         tc = self.transcoders
         inputs, outputs = {}, {}
@@ -176,7 +179,7 @@ class ReplacementModel:
         hooks = [(lambda name: name in frozen, detach), (lambda name: name in by_input, read_input),
                  (lambda name: name in by_output, replace_output), (self.embed, embed), (self.final, final)]
         with torch.enable_grad(), self.model.hooks(hooks):
-            self.model(input_ids=input_ids[None].expand(batch, -1))
+            self.model(input_ids=input_ids[None])
         return ([inputs[l] for l in range(self.n_layers)], [outputs[l] for l in range(self.n_layers)],
                 held["embed"], held["final"])
 
@@ -184,37 +187,38 @@ class ReplacementModel:
 class _Rows:
     """Computes attribution rows for batches of targets on one kept forward pass."""
 
-    def __init__(self, replacement: ReplacementModel, prepared: Prepared, batch: int):
-        self.r, self.p, self.batch = replacement, prepared, batch
-        self.inputs, self.outputs, self.embed, self.final = replacement.linear_pass(prepared.input_ids, batch)
+    def __init__(self, replacement: ReplacementModel, prepared: Prepared):
+        self.r, self.p = replacement, prepared
+        self.inputs, self.outputs, self.embed, self.final = replacement.linear_pass(prepared.input_ids)
         n_layers, n = replacement.n_layers, len(prepared.input_ids)
         self.n_active = len(prepared.active_features)
         self.width = self.n_active + (n_layers + 1) * n
 
     def __call__(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-        """[k, width] rows for k <= batch targets: target j reads the stream at layer layers[j] (n_layers: the
+        """[k, width] rows for k targets: target j reads the stream at layer layers[j] (n_layers: the
         final norm's output) and position positions[j] through vectors[j]."""
         k = len(layers)
         n_layers, p = self.r.n_layers, self.p
         outs, grads = [], []
         for layer in layers.unique().tolist():
             tensor = self.final if layer == n_layers else self.inputs[layer]
-            grad = torch.zeros_like(tensor)
+            grad = tensor.new_zeros(k, *tensor.shape)  # [k, 1, n, h]: one cotangent per target
             chosen = (layers == layer).nonzero()[:, 0]
-            grad[chosen, positions[chosen]] = vectors[chosen].to(grad.dtype)
+            grad[chosen, 0, positions[chosen]] = vectors[chosen].to(grad.dtype)
             outs.append(tensor)
             grads.append(grad)
         top = int(layers.max())
         sources = [self.outputs[l] for l in range(min(top, n_layers))]
-        got = torch.autograd.grad(outs, [*sources, self.embed], grads, retain_graph=True, allow_unused=True)
-        *out_grads, embed_grad = got
+        got = torch.autograd.grad(outs, [*sources, self.embed], grads, retain_graph=True, allow_unused=True,
+                                  is_grads_batched=True)
+        *out_grads, embed_grad = [None if g is None else g[:, 0] for g in got]
         dtype = p.decoder_vecs.dtype
         rows = torch.zeros(k, self.width, dtype=dtype, device=vectors.device)
         n = len(p.input_ids)
         for m, g in enumerate(out_grads):
             if g is None:
                 continue
-            g = g[:k].to(dtype)
+            g = g.to(dtype)
             at = (p.decoder_layer == m).nonzero()[:, 0]
             if len(at):
                 contributions = torch.einsum("bkh,kh->bk", g[:, p.decoder_pos[at]], p.decoder_vecs[at])
@@ -223,7 +227,7 @@ class _Rows:
             rows[:, start:start + n] = torch.einsum("bnh,nh->bn", g, p.errors[m])
         if embed_grad is not None:
             start = self.n_active + n_layers * n
-            rows[:, start:start + n] = torch.einsum("bnh,nh->bn", embed_grad[:k].to(dtype), p.token_vectors)
+            rows[:, start:start + n] = torch.einsum("bnh,nh->bn", embed_grad.to(dtype), p.token_vectors)
         return rows
 
 
@@ -331,7 +335,7 @@ def _build(replacement, prepared, targets, batch_size, max_feature_nodes, update
     logit_offset = total_active + (n_layers + 1) * n
     n_logits = len(targets.labels)
     max_feature_nodes = min(max_feature_nodes or total_active, total_active)
-    rows = _Rows(replacement, prepared, min(batch_size, max(n_logits, max_feature_nodes, 1)))
+    rows = _Rows(replacement, prepared)
     layers, positions = prepared.active_features[:, 0], prepared.active_features[:, 1]
     dtype = prepared.decoder_vecs.dtype
 

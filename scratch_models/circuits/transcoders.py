@@ -126,7 +126,8 @@ class Transcoders(nn.Module):
         if self.cross_layer:
             return self.W_dec[source][:, target - source]
         if source != target:
-            raise ValueError(f"a per-layer transcoder's features write into their own layer only ({source} -> {target})")
+            raise ValueError(f"a per-layer transcoder's features write into their own layer only "
+                             f"({source} -> {target})")
         return self.W_dec[source]
 
     def writes(self, source: int) -> range:
@@ -147,8 +148,8 @@ class Transcoders(nn.Module):
         `model` is not the one the set is for: another layer count, hidden size, or a hook it lacks."""
         layers = len(model.layers)
         if layers != self.n_layers:
-            raise DictionaryError(f"{self.cfg.source or 'the transcoders'}: {self.n_layers} layers of transcoders; this "
-                                  f"{type(model).__name__} has {layers} layers: a set for another model")
+            raise DictionaryError(f"{self.cfg.source or 'the transcoders'}: {self.n_layers} layers of transcoders; "
+                                  f"this {type(model).__name__} has {layers} layers: a set for another model")
         hidden = model.config.hidden_size
         if hidden != self.d_model:
             raise DictionaryError(f"{self.cfg.source or 'the transcoders'}: transcoders over {self.d_model} dimensions "

@@ -39,7 +39,8 @@ def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: 
     tensors = dict(
         W_enc=[randn(d_transcoder, d_model, scale=d_model ** -0.5) for _ in range(n_layers)],
         b_enc=[randn(d_transcoder, scale=0.1) for _ in range(n_layers)],
-        W_dec=[randn(d_transcoder, n_layers - l, d_model, scale=0.3) if cross else randn(d_transcoder, d_model, scale=0.3)
+        W_dec=[randn(d_transcoder, n_layers - l, d_model, scale=0.3) if cross
+               else randn(d_transcoder, d_model, scale=0.3)
                for l in range(n_layers)],
         b_dec=[randn(d_model, scale=0.1 if b_dec else 0.0) for _ in range(n_layers)],
         threshold=[randn(d_transcoder, scale=0.1).abs() for _ in range(n_layers)] if jumprelu else None,

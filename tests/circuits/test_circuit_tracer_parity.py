@@ -43,10 +43,10 @@ from transformer_lens.pretrained.weight_conversions.llama import convert_llama_w
 
 from circuit_data import random_transcoders  # noqa: E402
 from scratch_models import FAMILIES  # noqa: E402
-from scratch_models.circuits import (attribute, feature_intervention, graph_scores, load_transcoders, node_influence, prune_graph,  # noqa
-                                     save_transcoders, write_frontend_files)
+from scratch_models.circuits import (attribute, feature_intervention, graph_scores, load_transcoders,  # noqa
+                                     node_influence, prune_graph, save_transcoders, write_frontend_files)
 
-VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, LAYERS = 41, 32, 4, 2, 8, 48, 3
+VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, LAYERS, CONTEXT = 41, 32, 4, 2, 8, 48, 3, 64
 
 
 def hf_checkpoint(family: str, directory):
@@ -54,9 +54,9 @@ def hf_checkpoint(family: str, directory):
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=LAYERS,
                   num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                  max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+                  max_position_embeddings=CONTEXT, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "gemma2":
-        config = transformers.Gemma2Config(**common, query_pre_attn_scalar=HEAD_DIM, sliding_window=64,
+        config = transformers.Gemma2Config(**common, query_pre_attn_scalar=HEAD_DIM, sliding_window=CONTEXT,
                                            attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
         model = transformers.Gemma2ForCausalLM(config)
     else:
@@ -70,14 +70,14 @@ def hf_checkpoint(family: str, directory):
 
 
 def tl_config(family: str) -> HookedTransformerConfig:
-    common = dict(d_model=HIDDEN, d_head=HEAD_DIM, n_heads=HEADS, d_mlp=MLP, n_layers=LAYERS, n_ctx=64, d_vocab=VOCAB,
-                  normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=HEAD_DIM,
+    common = dict(d_model=HIDDEN, d_head=HEAD_DIM, n_heads=HEADS, d_mlp=MLP, n_layers=LAYERS, n_ctx=CONTEXT,
+                  d_vocab=VOCAB, normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=HEAD_DIM,
                   n_key_value_heads=KV_HEADS, gated_mlp=True, final_rms=True, dtype=torch.float32, device="cpu",
                   tokenizer_name=None)
     if family == "gemma2":
         return HookedTransformerConfig(**common, act_fn="gelu_pytorch_tanh", eps=1e-6, rotary_base=10000.0,
-                                       use_attn_scale=True, window_size=64, use_local_attn=True,
-                                       attn_types=["local", "global"] * 2, attn_scores_soft_cap=50.0,
+                                       use_attn_scale=True, window_size=CONTEXT, use_local_attn=True,
+                                       attn_types=(["local", "global"] * LAYERS)[:LAYERS], attn_scores_soft_cap=50.0,
                                        output_logits_soft_cap=30.0, use_normalization_before_and_after=True,
                                        original_architecture="Gemma2ForCausalLM")
     return HookedTransformerConfig(**common, act_fn="silu", eps=1e-6, rotary_base=10000.0,
