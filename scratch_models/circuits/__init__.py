@@ -11,10 +11,10 @@
 from .attribution import ReplacementModel, attribute
 from .graph import Graph, compute_influence, frontend_json, graph_scores, node_influence, prune_graph, \
     write_frontend_files
-from .interventions import feature_intervention
+from .interventions import feature_intervention, feature_intervention_generate
 from .splice import spliced
 from .transcoders import Transcoders, TranscoderConfig, load as load_transcoders, save as save_transcoders
 
 __all__ = ["Graph", "ReplacementModel", "TranscoderConfig", "Transcoders", "attribute", "compute_influence",
-           "feature_intervention", "frontend_json", "graph_scores", "load_transcoders", "node_influence",
-           "prune_graph", "save_transcoders", "spliced", "write_frontend_files"]
+           "feature_intervention", "feature_intervention_generate", "frontend_json", "graph_scores",
+           "load_transcoders", "node_influence", "prune_graph", "save_transcoders", "spliced", "write_frontend_files"]

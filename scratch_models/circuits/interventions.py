@@ -33,6 +33,53 @@ def feature_intervention(model, transcoders: Transcoders, input_ids, interventio
                          constrained_layers: range | None = None, freeze_attention: bool = True,
                          apply_activation_function: bool = True, zero_positions: slice = slice(0, 1)):
     """(logits [1, n, V], activations [layers, n, features]); see the module's docstring."""
+    out, acts = _intervened(model, transcoders, input_ids, interventions, constrained_layers=constrained_layers,
+                            freeze_attention=freeze_attention, apply_activation_function=apply_activation_function,
+                            zero_positions=zero_positions)
+    return out.logits, acts
+
+
+@torch.no_grad()
+def feature_intervention_generate(model, transcoders: Transcoders, input_ids, interventions, *,
+                                  max_new_tokens: int = 10, constrained_layers: range | None = None,
+                                  freeze_attention: bool = True, apply_activation_function: bool = True,
+                                  stop_at_eos: bool = True):
+    """Greedy generation under `interventions`, as circuit-tracer's feature_intervention_generate with do_sample
+    False: the prompt's pass as feature_intervention (frozen attention, constrained layers); then, token by token
+    over the KV cache, the interventions whose position is an open-ended slice (slice(k, None)) applied to each new
+    token, nothing frozen. Returns (the token ids, prompt and new [n + new], the logits of each generated token's
+    step [new, V], the activations [layers, n + new - 1, features]: the prompt's, then each step's)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    ids = torch.as_tensor(input_ids).reshape(-1)
+    out, acts = _intervened(model, transcoders, ids, interventions, constrained_layers=constrained_layers,
+                            freeze_attention=freeze_attention, apply_activation_function=apply_activation_function,
+                            forward=dict(use_cache=True))
+    open_ended = [(layer, 0, feature, value) for layer, pos, feature, value in interventions
+                  if isinstance(pos, slice) and pos.stop is None]
+    eos = getattr(model.config, "eos_token_id", None)
+    eos = set(eos if isinstance(eos, list) else [eos]) if stop_at_eos and eos is not None else set()
+    tokens, logits, activations = [*ids.tolist()], [out.logits[0, -1]], [acts]
+    for step in range(max_new_tokens):
+        token = int(logits[-1].argmax())
+        tokens.append(token)
+        if token in eos or step == max_new_tokens - 1:
+            break
+        out, acts = _intervened(model, transcoders, torch.tensor([token], device=ids.device), open_ended,
+                                freeze_attention=False, apply_activation_function=apply_activation_function,
+                                zero_positions=slice(0, 0),
+                                forward=dict(past_key_values=out.past_key_values, use_cache=True))
+        logits.append(out.logits[0, -1])
+        activations.append(acts)
+    return torch.tensor(tokens), torch.stack(logits), torch.cat(activations, dim=1)
+
+
+def _intervened(model, transcoders, input_ids, interventions, *, constrained_layers=None, freeze_attention=True,
+                apply_activation_function=True, zero_positions=slice(0, 1), forward=None):
+    """One forward pass under `interventions` (the model's output, the activations [layers, n, features]);
+    `forward`: more arguments of the model's forward (a KV cache: then nothing is frozen, as the unedited pass that
+    freezing reads is of the prompt alone)."""
+    forward = forward or {}
     input_ids = torch.as_tensor(input_ids).reshape(1, -1)
     inputs, outputs = transcoders.sites(model)
     n_layers = transcoders.n_layers
@@ -122,5 +169,5 @@ def feature_intervention(model, transcoders: Transcoders, input_ids, interventio
     if replaced:
         hooks.insert(0, (lambda name: name in replaced, freeze))
     with model.hooks(hooks):
-        logits = model(input_ids=input_ids).logits
-    return logits, torch.stack([recorded[l] for l in range(n_layers)])
+        out = model(input_ids=input_ids, **forward)
+    return out, torch.stack([recorded[l] for l in range(n_layers)])

@@ -43,8 +43,9 @@ from transformer_lens.pretrained.weight_conversions.llama import convert_llama_w
 
 from circuit_data import random_transcoders  # noqa: E402
 from scratch_models import FAMILIES  # noqa: E402
-from scratch_models.circuits import (attribute, feature_intervention, graph_scores, load_transcoders,  # noqa
-                                     node_influence, prune_graph, save_transcoders, write_frontend_files)
+from scratch_models.circuits import (attribute, feature_intervention, feature_intervention_generate,  # noqa
+                                     graph_scores, load_transcoders, node_influence, prune_graph, save_transcoders,
+                                     write_frontend_files)
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, LAYERS, CONTEXT = 41, 32, 4, 2, 8, 48, 3, 64
 
@@ -210,6 +211,27 @@ def test_feature_intervention_is_circuit_tracers(tmp_path, family, kind, shape, 
     assert (our_acts - their_acts).abs().max() <= 1e-5 * their_acts.abs().max()
     unedited, _ = theirs_model.feature_intervention(ids, [], **options)
     assert (their_logits - unedited).abs().max() > 1e-3 * unedited.abs().max()  # the interventions change something
+
+
+@pytest.mark.parametrize("family, kind", [("gemma2", "transcoder_set"), ("llama", "cross_layer_transcoder")])
+def test_generation_under_an_intervention_is_circuit_tracers(tmp_path, family, kind):
+    """Greedy generation with one feature zeroed in the prompt and one set on every position from 4 on (an
+    open-ended slice, applied to each new token too): the same tokens, each step's logits and the activations."""
+    hf = hf_checkpoint(family, tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], jumprelu=True),
+                     tmp_path / "transcoders")
+    theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
+    ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    _, clean = theirs_model.get_activations(ids)
+    interventions = [(0, 2, (clean[0, 2] > 0).nonzero()[0, 0].item(), 0.0), (1, slice(4, None), 3, 2.0)]
+    tokens, logits, acts = theirs_model.feature_intervention_generate(ids[None], interventions, do_sample=False,
+                                                                       max_new_tokens=4, verbose=False)
+    our_tokens, our_logits, our_acts = feature_intervention_generate(ours_model, load_transcoders(
+        tmp_path / "transcoders"), ids, interventions, max_new_tokens=4)
+    assert our_tokens.tolist() == tokens[0].tolist()
+    assert (our_logits - logits).abs().max() <= 1e-5 * logits.abs().max()
+    assert (our_acts - acts).abs().max() <= 1e-5 * acts.abs().max()
 
 
 def _same(mine, reference, where="") -> None:

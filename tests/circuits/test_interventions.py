@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from circuit_data import DEFAULT_HOOKS, HOOKS, random_transcoders, tiny_model
-from scratch_models.circuits import attribute, feature_intervention
+from scratch_models.circuits import attribute, feature_intervention, feature_intervention_generate
 
 IDS = torch.tensor([2, 5, 9, 11, 7, 3, 8])
 
@@ -45,3 +45,18 @@ def test_unconstrained_interventions_propagate_and_no_intervention_is_the_model(
     assert not torch.allclose(steered[0, 3:], plain[0, 3:]) and torch.allclose(steered[0, :3], plain[0, :3])
     with pytest.raises(ValueError, match="layer 5: the transcoders have layers 0..1"):
         feature_intervention(model, tc, IDS, [(5, 1, 0, 1.0)])
+
+
+def test_generation_without_interventions_is_the_models_greedy_generation():
+    model = tiny_model("qwen3")
+    tc = random_transcoders(2, model.config.hidden_size, 20)
+    tokens, logits, acts = feature_intervention_generate(model, tc, IDS, [], max_new_tokens=5, stop_at_eos=False)
+    expected = model.generate(IDS[None], max_new_tokens=5, do_sample=False)[0]
+    assert tokens.tolist() == expected.tolist()
+    with torch.no_grad():
+        full = model(input_ids=tokens[None]).logits[0]
+    torch.testing.assert_close(logits, full[len(IDS) - 1:-1], rtol=1e-5, atol=1e-5)
+    assert acts.shape == (2, len(tokens) - 1, 20)
+    steered, _, _ = feature_intervention_generate(model, tc, IDS, [(1, slice(3, None), 0, 50.0)], max_new_tokens=5,
+                                                  stop_at_eos=False)
+    assert steered.tolist() != tokens.tolist()
