@@ -34,8 +34,10 @@ direction in the final norm's output (a logit difference: W_U[:, a] - W_U[:, b])
 **max_feature_nodes**: as circuit-tracer, the logit rows first, then features in batches, ranked again every
 `update_interval` batches by their influence on the logits through the rows computed so far.
 
-**Long prompts** (`rows_to=`): the rows can go into a file-backed matrix (numpy memmap) instead of memory, so the
-process holds one batch of rows; pruning reads it back.
+**Long prompts** (`rows_to=`): with every feature in the graph, each batch of rows goes straight to its place in a
+file-backed matrix (a numpy memmap .npy), so the process holds one batch of rows besides the forward pass; with
+max_feature_nodes the visited rows (max_feature_nodes of them) are held until their columns are chosen. Pruning
+and influence still read the whole matrix (graph.py).
 """
 
 import dataclasses

@@ -83,3 +83,12 @@ def test_mismatched_transcoders_and_a_held_directory_are_refused(setup, tmp_path
     assert main(["attribute", str(root / "model"), str(root / "transcoders"), "hi", "--out", str(out)]) == 2
     assert "another attribute run (process 1) is writing there" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == [".attribute.lock"]
+
+
+def test_progress_bar_counts_the_feature_rows(setup, tmp_path, capsys):
+    root, _ = setup
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon", "--out",
+                 str(tmp_path / "out"), "--batch-size", "4"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    err = capsys.readouterr().err
+    assert "feature rows" in err and f"{summary['feature_nodes']}/{summary['feature_nodes']}" in err
