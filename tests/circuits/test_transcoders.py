@@ -1,5 +1,7 @@
 """Transcoder sets as circuit-tracer and Gemma Scope store them, checked against a model, and spliced into it."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +125,24 @@ def test_spliced_with_the_error_term_the_output_is_the_models_bitwise(family, ki
             _, ablated = model.run_with_cache(input_ids=IDS, names=[out])
         decoded = sum(acts[s] @ tc.decoder(s, 1) for s in range(2) if 1 in tc.writes(s) and s == 1)
         torch.testing.assert_close(ablated[out], clean[out] - decoded, rtol=1e-5, atol=1e-5)
+
+
+def test_hub_id_offline_from_the_cache_and_named_when_absent(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from helpers import fake_hub_cache
+
+    save_transcoders(random_transcoders(2, 16, 10, jumprelu=True), tmp_path / "src")
+    fake_hub_cache(tmp_path / "cache", "org/transcoders",
+                   {f"plt/{p.name}": p for p in (tmp_path / "src").iterdir()})
+    code = ("from scratch_models.circuits import load_transcoders\n"
+            "print(load_transcoders('org/transcoders/plt').d_transcoder)\n"
+            "load_transcoders('org/other')\n")
+    repo = Path(__file__).resolve().parents[2]  # this tree's package, whatever the venv has installed
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.split() == ["10"], done.stderr
+    assert "DictionaryError: org/other: not a local directory, and the hub could not give it" in done.stderr
