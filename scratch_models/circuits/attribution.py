@@ -28,8 +28,9 @@ feature index), then error nodes (layer-major: error[layer][position]), then tok
 and columns sources. Rows of errors and tokens are 0 (nothing feeds them).
 
 **Targets.** `attribution_targets=None`: the most probable next tokens, until their cumulative probability reaches
-`desired_logit_prob`, at most `max_n_logits`; a tensor of token ids; or (label, weight, vector) tuples: any
-direction in the final norm's output (a logit difference: W_U[:, a] - W_U[:, b]).
+`desired_logit_prob`, at most `max_n_logits`; token ids; token strings (each one token of the model's tokenizer);
+or (label, weight, vector) tuples: any direction in the final norm's output (a logit difference: W_U[:, a] -
+W_U[:, b]), used as given (token targets are demeaned over the vocabulary, as circuit-tracer does).
 
 **max_feature_nodes**: as circuit-tracer, the logit rows first, then features in batches, ranked again every
 `update_interval` batches by their influence on the logits through the rows computed so far.
@@ -273,6 +274,11 @@ def logit_targets(replacement: ReplacementModel, logits: torch.Tensor, attributi
         bad = indices[(indices < 0) | (indices >= vocab)]
         if len(bad) or not len(indices):
             raise ValueError(f"attribution targets must be token ids in [0, {vocab}); got {bad.tolist() or 'none'}")
+    elif isinstance(attribution_targets, Sequence) and attribution_targets and all(
+            isinstance(t, str) for t in attribution_targets):
+        return logit_targets(replacement, logits, torch.tensor([_one_token(replacement.model, t)
+                                                                for t in attribution_targets]),
+                             max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob, decode=decode)
     elif isinstance(attribution_targets, Sequence) and attribution_targets:
         labels, weights, vectors = [], [], []
         for j, target in enumerate(attribution_targets):
@@ -292,6 +298,17 @@ def logit_targets(replacement: ReplacementModel, logits: torch.Tensor, attributi
                         f"{attribution_targets!r}")
     vectors = W[indices] - W.mean(dim=0, keepdim=True)
     return Targets([(decode(i), i) for i in indices.tolist()], probs[indices], vectors)
+
+
+def _one_token(model, text: str) -> int:
+    """The id of the one token `text` is (without special tokens); a ValueError otherwise."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(f"attribution target {text!r}: the model has no tokenizer; give token ids")
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if len(ids) != 1:
+        raise ValueError(f"attribution target {text!r} is {len(ids)} tokens ({ids}); each string must be one token")
+    return ids[0]
 
 
 def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets=None, max_n_logits: int = 10,

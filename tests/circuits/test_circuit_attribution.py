@@ -162,6 +162,8 @@ def test_bad_input_is_refused_naming_it():
         attribute(model, tc, IDS, attribution_targets=torch.tensor([50]))
     with pytest.raises(ValueError, match="vector of shape \\[3\\]"):
         attribute(model, tc, IDS, attribution_targets=[("x", 1.0, torch.zeros(3))])
+    with pytest.raises(ValueError, match="attribution target 'hello': the model has no tokenizer; give token ids"):
+        attribute(model, tc, IDS, attribution_targets=["hello"])
     bert = FAMILIES["bert"].lm(FAMILIES["bert"].tiny())
     with pytest.raises(ValueError, match="not one"):
         attribute(bert, random_transcoders(2, bert.config.hidden_size, 20), IDS)

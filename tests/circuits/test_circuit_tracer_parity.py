@@ -93,6 +93,9 @@ class Tokenizer:
     vocab_size = VOCAB
     padding_side = "right"
 
+    def encode(self, text, add_special_tokens=False):
+        return [int(word[1:]) for word in text.split()]
+
     def decode(self, ids):
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
         return " ".join(f"t{i}" for i in (ids if isinstance(ids, list) else [ids]))
@@ -232,6 +235,27 @@ def test_generation_under_an_intervention_is_circuit_tracers(tmp_path, family, k
     assert our_tokens.tolist() == tokens[0].tolist()
     assert (our_logits - logits).abs().max() <= 1e-5 * logits.abs().max()
     assert (our_acts - acts).abs().max() <= 1e-5 * acts.abs().max()
+
+
+@pytest.mark.parametrize("targets", ["ids", "strings", "direction"])
+def test_chosen_targets_are_circuit_tracers(tmp_path, targets):
+    """Token ids, token strings, and a logit difference as a custom direction."""
+    hf = hf_checkpoint("llama", tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, hooks=HOOKS["llama"], jumprelu=True, skip=True),
+                     tmp_path / "transcoders")
+    theirs_model = their_model("llama", hf, their_transcoders(tmp_path / "transcoders", "transcoder_set"))
+    ours_model = FAMILIES["llama"].lm.from_pretrained(tmp_path / "model")
+    ours_model.tokenizer = Tokenizer()
+    W = theirs_model.unembed.W_U  # [h, V]
+    given = {"ids": torch.tensor([5, 9, 30]), "strings": ["t5", "t9"],
+             "direction": [("t5 - t9", 1.0, (W[:, 5] - W[:, 9]).detach())]}[targets]
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    theirs = their_attribute(ids, theirs_model, attribution_targets=given)
+    ours = attribute(ours_model, load_transcoders(tmp_path / "transcoders"), ids, attribution_targets=given)
+    assert ours.logit_targets == [tuple(t) for t in theirs.logit_targets]
+    torch.testing.assert_close(ours.logit_probabilities, theirs.logit_probabilities, rtol=1e-5, atol=1e-7)
+    a, b = ours.adjacency_matrix, theirs.adjacency_matrix
+    assert a.shape == b.shape and (a - b).abs().max() <= 1e-5 * b.abs().max()
 
 
 def _same(mine, reference, where="") -> None:
