@@ -94,14 +94,12 @@ class ReplacementModel:
         self.frozen += [name for name in points if name.endswith("attn.probs")]
         self.unembedding = model.family.stream(model).unembedding()  # [V, h]
 
-    def _device_dtype(self):
-        p = next(self.model.parameters())
-        return p.device, p.dtype
-
     @torch.no_grad()
     def prepare(self, input_ids: torch.Tensor) -> Prepared:
         """One forward pass: the transcoders' activations at every layer (none at the zeroed positions), the
-        error of each layer's reconstruction, the token vectors and the logits."""
+        error of each layer's reconstruction, the token vectors and the logits. Activations are kept sparse (a
+        layer's dense [n, f] lives only while it is encoded), and the reconstruction is the sum of the active
+        features' scaled decoder rows, as circuit-tracer decodes."""
         tc, n_layers = self.transcoders, self.n_layers
         seen: dict[str, torch.Tensor] = {}
 
@@ -111,38 +109,39 @@ class ReplacementModel:
         names = set(self.inputs) | set(self.outputs) | {self.embed}
         with self.model.hooks([(lambda name: name in names, keep)]):
             out = self.model(input_ids=input_ids[None])
-        logits = out.logits[0, -1]
         xs = [seen[name][0].to(tc.dtype) for name in self.inputs]
-        acts = []
+        active, values = [], []
         for l in range(n_layers):
-            a = tc.encode(l, xs[l])
-            a[self.zero_positions] = 0
-            acts.append(a)
-        errors = torch.stack([seen[self.outputs[l]][0].to(tc.dtype) - tc.reconstruct(l, acts, xs[l])
-                              for l in range(n_layers)])
-        errors[:, self.zero_positions] = 0
-        dense = torch.stack(acts)  # [L, n, f]
-        active = dense.nonzero()
-        values = dense[active[:, 0], active[:, 1], active[:, 2]]
-        encoder = torch.stack([tc.W_enc[l][f] for l, _, f in active.tolist()]) if len(active) else \
-            torch.zeros(0, tc.d_model, dtype=tc.dtype)
+            acts = tc.encode(l, xs[l])
+            acts[self.zero_positions] = 0
+            found = acts.nonzero()  # [k, 2] (position, feature), in order
+            active.append(torch.cat([torch.full_like(found[:, :1], l), found], dim=1))
+            values.append(acts[found[:, 0], found[:, 1]])
+        active_features, activation_values = torch.cat(active), torch.cat(values)
+        start = torch.tensor([0, *torch.tensor([len(a) for a in active]).cumsum(0).tolist()])
+        encoder = torch.cat([tc.W_enc[l][active[l][:, 2]] for l in range(n_layers)])
         feature, layer, pos, vecs = [], [], [], []
-        for m in range(n_layers):  # entries by output layer, each layer's in feature order
+        errors = torch.zeros(n_layers, len(input_ids), tc.d_model, dtype=tc.dtype, device=xs[0].device)
+        for m in range(n_layers):  # entries by output layer, each source layer's in feature order
+            recons = torch.zeros_like(errors[m])
             for source in range(m + 1):
-                if m not in tc.writes(source):
+                if m not in tc.writes(source) or not len(active[source]):
                     continue
-                chosen = (active[:, 0] == source).nonzero()[:, 0]
-                if not len(chosen):
-                    continue
-                rows = tc.decoder(source, m)[active[chosen, 2]]
-                feature.append(chosen)
-                layer.append(torch.full_like(chosen, m))
-                pos.append(active[chosen, 1])
-                vecs.append(rows * values[chosen, None])
-        cat = (lambda parts, empty: torch.cat(parts) if parts else empty)
+                scaled = tc.decoder(source, m)[active[source][:, 2]] * values[source][:, None]
+                recons.index_add_(0, active[source][:, 1], scaled)
+                feature.append(torch.arange(start[source], start[source + 1], device=scaled.device))
+                layer.append(torch.full_like(feature[-1], m))
+                pos.append(active[source][:, 1])
+                vecs.append(scaled)
+            skip = tc.skip(m, xs[m])
+            recons = recons + tc.b_dec[m] if skip is None else recons + skip + tc.b_dec[m]
+            errors[m] = seen[self.outputs[m]][0].to(tc.dtype) - recons
+        errors[:, self.zero_positions] = 0
         none = torch.zeros(0, dtype=torch.long)
-        return Prepared(input_ids, logits, active, values, encoder, cat(feature, none), cat(layer, none),
-                        cat(pos, none), cat(vecs, torch.zeros(0, tc.d_model, dtype=tc.dtype)), errors,
+        cat = (lambda parts, empty: torch.cat(parts) if parts else empty)
+        return Prepared(input_ids, out.logits[0, -1], active_features, activation_values, encoder,
+                        cat(feature, none), cat(layer, none), cat(pos, none),
+                        cat(vecs, torch.zeros(0, tc.d_model, dtype=tc.dtype)), errors,
                         seen[self.embed][0].to(tc.dtype))
 
     def linear_pass(self, input_ids: torch.Tensor):
