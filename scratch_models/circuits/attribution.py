@@ -46,7 +46,6 @@ from collections.abc import Sequence
 
 import torch
 
-from ..dictionaries.sae import DictionaryError
 from ..parts.norms import Norm
 from .graph import Graph, partial_influences
 from .transcoders import Transcoders
@@ -71,6 +70,15 @@ class Prepared:
     token_vectors: torch.Tensor  # [n, h]
 
 
+def frozen_points(model) -> tuple[list[str], list[str]]:
+    """(every norm's divisor point, every attention pattern point) of `model`: what the local replacement model
+    freezes. The norms are found as modules (each family's, q/k norms too), the patterns by their name."""
+    points = model.hook_points()
+    by_point = {id(point): name for name, point in points.items()}
+    scales = [by_point[id(m.scale)] for m in model.modules() if isinstance(m, Norm)]
+    return scales, [name for name in points if name.endswith("attn.probs")]
+
+
 class ReplacementModel:
     """The model and its transcoders, with the hook names the attribution reads and writes."""
 
@@ -88,10 +96,8 @@ class ReplacementModel:
         lens = model.lens_names()
         self.embed = lens["hook_embed"].source if "hook_embed" in lens else "embeddings.out"
         self.final = "ln_f"
-        points = model.hook_points()
-        by_point = {id(point): name for name, point in points.items()}
-        self.frozen = [by_point[id(m.scale)] for m in model.modules() if isinstance(m, Norm)]
-        self.frozen += [name for name in points if name.endswith("attn.probs")]
+        scales, patterns = frozen_points(model)
+        self.frozen = scales + patterns
         self.unembedding = model.family.stream(model).unembedding()  # [V, h]
 
     @torch.no_grad()

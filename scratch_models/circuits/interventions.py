@@ -24,7 +24,7 @@ from collections import defaultdict
 
 import torch
 
-from ..parts.norms import Norm
+from .attribution import frozen_points
 from .transcoders import Transcoders
 
 
@@ -90,10 +90,7 @@ def _intervened(model, transcoders, input_ids, interventions, *, constrained_lay
             raise ValueError(f"intervention at layer {layer}: the transcoders have layers 0..{n_layers - 1}")
         by_layer[layer].append((pos, feature, value))
     constrained = list(constrained_layers) if constrained_layers else []
-    points = model.hook_points()
-    by_point = {id(point): name for name, point in points.items()}
-    probs = [name for name in points if name.endswith("attn.probs")]
-    scales = [by_point[id(m.scale)] for m in model.modules() if isinstance(m, Norm)]
+    scales, probs = frozen_points(model)
     frozen: dict[str, torch.Tensor] = {}
     original: list[torch.Tensor] = []
 
