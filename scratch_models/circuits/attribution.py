@@ -70,6 +70,9 @@ class Prepared:
     token_vectors: torch.Tensor  # [n, h]
 
 
+GRADIENT_BYTES = 2 ** 31  # at most this much of gradients per backward pass (see _Rows.__call__)
+
+
 def frozen_points(model) -> tuple[list[str], list[str]]:
     """(every norm's divisor point, every attention pattern point) of `model`: what the local replacement model
     freezes. The norms are found as modules (each family's, q/k norms too), the patterns by their name."""
@@ -204,7 +207,15 @@ class _Rows:
 
     def __call__(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """[k, width] rows for k targets: target j reads the stream at layer layers[j] (n_layers: the
-        final norm's output) and position positions[j] through vectors[j]."""
+        final norm's output) and position positions[j] through vectors[j]. The backward pass returns a gradient
+        [n, h] per target at every output hook and the embedding at once, so targets go through it in groups
+        that keep those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
+        n, h = self.embed.shape[-2:]
+        per_target = (self.r.n_layers + 1) * n * h * self.embed.element_size()
+        group = max(1, GRADIENT_BYTES // per_target)
+        if len(layers) > group:
+            return torch.cat([self(*parts) for parts in zip(layers.split(group), positions.split(group),
+                                                             vectors.split(group))])
         k = len(layers)
         n_layers, p = self.r.n_layers, self.p
         outs, grads = [], []

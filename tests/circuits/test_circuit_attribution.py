@@ -89,6 +89,18 @@ def test_max_feature_nodes_keeps_the_full_graphs_entries_and_batches_change_noth
     assert int(influence[:len(full.selected_features)].argmax()) in part.selected_features.tolist()
 
 
+def test_rows_in_groups_under_the_gradient_budget_are_the_same(monkeypatch):
+    """A backward pass's gradients kept under a budget of two targets' worth: the same graph, bitwise."""
+    from scratch_models.circuits import attribution as module
+
+    model = tiny_model("llama")
+    tc = random_transcoders(2, model.config.hidden_size, 20, kind="cross_layer_transcoder")
+    whole = attribute(model, tc, IDS, batch_size=16)
+    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * 3 * len(IDS) * model.config.hidden_size * 4)
+    grouped = attribute(model, tc, IDS, batch_size=16)
+    assert torch.equal(grouped.adjacency_matrix, whole.adjacency_matrix)
+
+
 def test_custom_direction_is_linear_in_the_logit_rows():
     """A logit difference (W[a] - W[b]) as a custom target: its row is row(a) - row(b)."""
     model = tiny_model("qwen3")
