@@ -17,7 +17,7 @@ from scratch_models import FAMILIES, CheckpointError, ConfigError
 from scratch_models.analysis.patching import DEFAULT_BATCH_SIZE
 from weight_mapping import DirectoryLock
 
-from . import features_cmd, harvest_cmd
+from . import attribute_cmd, features_cmd, harvest_cmd
 from .common import at_least_one, check_writable_directory, check_writable_file
 from .targets import TARGETS
 
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     harvest_cmd.add_parser(commands, MODEL)
     features_cmd.add_parser(commands, MODEL)
+    attribute_cmd.add_parser(commands, MODEL)
 
     args = parser.parse_args(argv)
     if args.command == "inspect" and len(args.model_and_text) > 2:
@@ -194,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = {"verify": _verify, "fill-mask": _fill_mask, "classify": _classify, "generate": _generate,
                "inspect": _inspect, "lens": _lens, "heads": _heads, "patch": _patch, "convert": _convert,
-               "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run}
+               "tiny": _tiny, "harvest": harvest_cmd.run, "features": features_cmd.run,
+               "attribute": attribute_cmd.run}
         # one writer per directory, locked before any model loads: harvest and features lock their --out themselves
         # (rank 0 for all under torchrun), convert and tiny their destination
-        writes_out = args.command in ("inspect", "lens", "heads", "patch")
+        writes_out = args.command in ("inspect", "lens", "heads", "patch", "attribute")
         if writes_out:
             check_writable_directory("--out", args.out)  # its own words for a path that cannot be a directory
         with DirectoryLock(args.out, args.command) if writes_out else contextlib.nullcontext():
@@ -277,11 +279,12 @@ def _generate(args) -> int:
     import torch
     from transformers import TextStreamer
 
-    from .common import encode, open_model, require_device
+    from .common import encode, open_model, require_device, say_if_stand_in
 
     _check_generate_flags(args)
     require_device(args.device)
     opened = open_model(args.model)
+    say_if_stand_in(opened)
     family = opened.family
     if not family.causal:
         raise ValueError(f"{opened.source}: generate continues a text with a causal language model ({CAUSAL}); this "

@@ -123,10 +123,15 @@ def open_model(source) -> Opened:
     except NotCached as e:  # no config.json to say the family: the hub id may
         raise e.advised(offline_advice(family_named_by(e.repo_id))) from None
     family = family_of(checkpoint)
-    opened = Opened(source, checkpoint, family, family.config_of(checkpoint))
-    if checkpoint.config_json.get(STAND_IN):  # `scratch-models tiny`'s: said before anything it prints
-        print(f"{source}: {checkpoint.config_json[STAND_IN]}; what it outputs means nothing", file=sys.stderr)
-    return opened
+    return Opened(source, checkpoint, family, family.config_of(checkpoint))
+
+
+def say_if_stand_in(opened: Opened) -> None:
+    """On stderr, before a command prints what the model predicts: that a stand-in `scratch-models tiny` wrote has
+    random weights ('Once upon a time time time' is then no fault of the code)."""
+    note = opened.checkpoint.config_json.get(STAND_IN)
+    if note:
+        print(f"{opened.source}: {note}; what it outputs means nothing", file=sys.stderr)
 
 
 def family_named_by(repo_id: str) -> Family | None:

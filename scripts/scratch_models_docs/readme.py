@@ -53,6 +53,7 @@ def commands_table() -> str:
         ("`classify`", "a fine-tuned classification, token-classification, next-sentence or question-answering head",
          "no"),
         ("`generate`", f"a causal LM: {causal}", "no"),
+        ("`attribute`", "a causal LM and a transcoder set for it in circuit-tracer's layout", "no"),
     ]
     return "\n".join(["| command | what the checkpoint needs | offline on `minilm` |", "|---|---|---|",
                       *(f"| {' | '.join(row)} |" for row in rows)])

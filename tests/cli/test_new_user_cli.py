@@ -114,8 +114,8 @@ def test_an_empty_pair_of_one_text_is_none_as_in_transformers(tmp_path, capsys):
     (["lens", "minilm", "The", "Eiffel", "--out", "o"], "scratch-models lens: error: unrecognized arguments: Eiffel "
                                                         "(quote a text that has spaces)"),
     (["verfy"], "argument command: invalid choice: 'verfy' (choose from 'verify', 'fill-mask', 'classify', "
-                "'generate', 'inspect', 'lens', 'heads', 'patch', 'convert', 'tiny', 'harvest', 'features'); did "
-                "you mean 'verify'?"),
+                "'generate', 'inspect', 'lens', 'heads', 'patch', 'convert', 'tiny', 'harvest', 'features', "
+                "'attribute'); did you mean 'verify'?"),
     (["verify", "--dtype", "flaot16"], "argument --dtype: invalid choice: 'flaot16' (choose from 'float32', "
                                        "'float16', 'bfloat16'); did you mean 'float16'?"),
     (["heads", "minilm", "x", "--out", "o", "--target", "nxt"], "did you mean 'next'?"),

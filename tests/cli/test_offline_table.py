@@ -32,6 +32,7 @@ def minilm_argv(command: str, out: Path) -> list[str]:
     return {"verify": ["verify", "minilm", "--text", "Hi."],
             "harvest": ["harvest", "minilm", str(corpus), "--names", "layers.5.out", "--out", str(out)],
             "features": ["features", "minilm", str(dictionary), str(corpus), "--out", str(out)],
+            "attribute": ["attribute", "minilm", str(out.parent / "transcoders"), "time flies", "--out", str(out)],
             "tiny": ["tiny", "bert", str(out)],
             "inspect": ["inspect", "minilm", "time flies", "--out", str(out)],
             "heads": ["heads", "minilm", "time flies", "--out", str(out)],

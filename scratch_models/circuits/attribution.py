@@ -1,0 +1,435 @@
+"""Attribution graphs (Ameisen et al. 2025, "Circuit Tracing"): the direct, linear effects between active transcoder
+features, error nodes, input tokens and the top output logits of one prompt, number for number with circuit-tracer
+0.5.0's `attribute`.
+
+    graph = attribute(model, transcoders, input_ids)          # input_ids: [n], position 0 a BOS-like token
+    graph.adjacency_matrix[target, source]                     # circuit-tracer's node order (below)
+
+**The local replacement model.** For this prompt every attention pattern (`attn.probs`) and every norm's divisor
+(`scale`, each Norm module's) is frozen at its value, and each layer's MLP output (the transcoders' output hook) is
+replaced by the transcoders' reconstruction plus an error term, a constant: the output hook passes on the model's
+own tensor, with a gradient only through the skip connection (linear in the MLP's input), none without one. What is
+left is linear in the residual stream. A LayerNorm's centring is linear, so it stays (TransformerLens computes it so,
+and so does circuit-tracer); biases, a GPT-2's position embeddings and the transcoders' b_dec are constants with no
+node. Position 0 (the BOS token circuit-tracer prepends) has no features and a zero error, as circuit-tracer does:
+its MLP output is a constant there.
+
+**Edges.** A target node reads the stream through a vector: a feature its encoder row W_enc[i] at its layer's input
+hook and position, a logit the demeaned unembedding column (W_U[:, t] - mean over the vocabulary) at the final
+norm's output (`ln_f`) of the last position. The gradient of that read with respect to each source's write (a
+feature's activation times its decoder row at every output hook it writes, an error vector, a token's embedding at
+the embedding hook TransformerLens calls hook_embed) is the edge. Rows are computed `batch_size` targets at a time:
+one forward pass of the prompt (once, not repeated per target as circuit-tracer repeats it), and per batch one
+backward pass vectorised over the targets (torch.autograd.grad with is_grads_batched), so the activations the
+backward pass reads are held once.
+
+**Node order** (circuit-tracer's Graph): the selected features (in the order of `active_features`: layer, position,
+feature index), then error nodes (layer-major: error[layer][position]), then tokens, then logits. Rows are targets
+and columns sources. Rows of errors and tokens are 0 (nothing feeds them).
+
+**Targets.** `attribution_targets=None`: the most probable next tokens, until their cumulative probability reaches
+`desired_logit_prob`, at most `max_n_logits`; token ids; token strings (each one token of the model's tokenizer);
+or (label, weight, vector) tuples: any direction in the final norm's output (a logit difference: W_U[:, a] -
+W_U[:, b]), used as given (token targets are demeaned over the vocabulary, as circuit-tracer does).
+
+**max_feature_nodes**: as circuit-tracer, the logit rows first, then features in batches, ranked again every
+`update_interval` batches by their influence on the logits through the rows computed so far.
+
+**Long prompts** (`rows_to=`): with every feature in the graph, each batch of rows goes straight to its place in a
+file-backed matrix (a numpy memmap .npy), so the process holds one batch of rows besides the forward pass; with
+max_feature_nodes the visited rows (max_feature_nodes of them) are held until their columns are chosen. Pruning
+and influence still read the whole matrix (graph.py).
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from ..parts.norms import Norm
+from .graph import Graph, partial_influences
+from .transcoders import Transcoders
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What one forward pass of the prompt gives: the active features and the vectors of every node."""
+
+    input_ids: torch.Tensor  # [n]
+    logits: torch.Tensor  # [V] at the last position
+    active_features: torch.Tensor  # [A, 3] (layer, position, feature), lexicographic
+    activation_values: torch.Tensor  # [A]
+    encoder_vecs: torch.Tensor  # [A, h] W_enc rows of the active features
+    # one entry per (active feature, output layer it writes): which feature, the output layer, the position, and the
+    # decoder row times the activation
+    decoder_feature: torch.Tensor  # [D]
+    decoder_layer: torch.Tensor  # [D]
+    decoder_pos: torch.Tensor  # [D]
+    decoder_vecs: torch.Tensor  # [D, h]
+    errors: torch.Tensor  # [L, n, h]
+    token_vectors: torch.Tensor  # [n, h]
+
+
+GRADIENT_BYTES = 2 ** 31  # at most this much of gradients per backward pass (see _Rows.__call__)
+
+
+def frozen_points(model) -> tuple[list[str], list[str]]:
+    """(every norm's divisor point, every attention pattern point) of `model`: what the local replacement model
+    freezes. The norms are found as modules (each family's, q/k norms too), the patterns by their name."""
+    points = model.hook_points()
+    by_point = {id(point): name for name, point in points.items()}
+    scales = [by_point[id(m.scale)] for m in model.modules() if isinstance(m, Norm)]
+    return scales, [name for name in points if name.endswith("attn.probs")]
+
+
+class ReplacementModel:
+    """The model and its transcoders, with the hook names the attribution reads and writes."""
+
+    def __init__(self, model, transcoders: Transcoders, *, zero_positions: slice = slice(0, 1)):
+        if not model.family.causal:
+            raise ValueError(f"attribution graphs explain the next token of a causal language model; "
+                             f"{model.family.title} is not one")
+        if getattr(model, "lm_head", None) is None and not hasattr(model, "output_embeddings"):
+            raise ValueError(f"{type(model).__name__} has no LM head: load the checkpoint as "
+                             f"{model.family.lm.__name__}")
+        self.model, self.transcoders = model, transcoders
+        self.inputs, self.outputs = transcoders.sites(model)
+        self.n_layers = transcoders.n_layers
+        self.zero_positions = zero_positions
+        lens = model.lens_names()
+        self.embed = lens["hook_embed"].source if "hook_embed" in lens else "embeddings.out"
+        self.final = "ln_f"
+        scales, patterns = frozen_points(model)
+        self.frozen = scales + patterns
+        self.unembedding = model.family.stream(model).unembedding()  # [V, h]
+
+    @torch.no_grad()
+    def prepare(self, input_ids: torch.Tensor) -> Prepared:
+        """One forward pass: the transcoders' activations at every layer (none at the zeroed positions), the
+        error of each layer's reconstruction, the token vectors and the logits. Activations are kept sparse (a
+        layer's dense [n, f] lives only while it is encoded), and the reconstruction is the sum of the active
+        features' scaled decoder rows, as circuit-tracer decodes."""
+        tc, n_layers = self.transcoders, self.n_layers
+        seen: dict[str, torch.Tensor] = {}
+
+        def keep(x, name):
+            seen[name] = x
+
+        names = set(self.inputs) | set(self.outputs) | {self.embed}
+        with self.model.hooks([(lambda name: name in names, keep)]):
+            out = self.model(input_ids=input_ids[None])
+        xs = [seen[name][0].to(tc.dtype) for name in self.inputs]
+        active, values = [], []
+        for l in range(n_layers):
+            acts = tc.encode(l, xs[l])
+            acts[self.zero_positions] = 0
+            found = acts.nonzero()  # [k, 2] (position, feature), in order
+            active.append(torch.cat([torch.full_like(found[:, :1], l), found], dim=1))
+            values.append(acts[found[:, 0], found[:, 1]])
+        active_features, activation_values = torch.cat(active), torch.cat(values)
+        start = torch.tensor([0, *torch.tensor([len(a) for a in active]).cumsum(0).tolist()])
+        encoder = torch.cat([tc.W_enc[l][active[l][:, 2]] for l in range(n_layers)])
+        feature, layer, pos, vecs = [], [], [], []
+        errors = torch.zeros(n_layers, len(input_ids), tc.d_model, dtype=tc.dtype, device=xs[0].device)
+        for m in range(n_layers):  # entries by output layer, each source layer's in feature order
+            recons = torch.zeros_like(errors[m])
+            for source in range(m + 1):
+                if m not in tc.writes(source) or not len(active[source]):
+                    continue
+                scaled = tc.decoder(source, m)[active[source][:, 2]] * values[source][:, None]
+                recons.index_add_(0, active[source][:, 1], scaled)
+                feature.append(torch.arange(start[source], start[source + 1], device=scaled.device))
+                layer.append(torch.full_like(feature[-1], m))
+                pos.append(active[source][:, 1])
+                vecs.append(scaled)
+            skip = tc.skip(m, xs[m])
+            recons = recons + tc.b_dec[m] if skip is None else recons + skip + tc.b_dec[m]
+            errors[m] = seen[self.outputs[m]][0].to(tc.dtype) - recons
+        errors[:, self.zero_positions] = 0
+        none = torch.zeros(0, dtype=torch.long)
+        cat = (lambda parts, empty: torch.cat(parts) if parts else empty)
+        return Prepared(input_ids, out.logits[0, -1], active_features, activation_values, encoder,
+                        cat(feature, none), cat(layer, none), cat(pos, none),
+                        cat(vecs, torch.zeros(0, tc.d_model, dtype=tc.dtype)), errors,
+                        seen[self.embed][0].to(tc.dtype))
+
+    def linear_pass(self, input_ids: torch.Tensor):
+        """The forward pass of the local replacement model on the prompt, with the graph kept:
+        (the input hook's tensor per layer, the output hook's per layer, the embedding's, the final norm's)."""
+        tc = self.transcoders
+        inputs, outputs = {}, {}
+        held = {}
+        by_input = {name: l for l, name in enumerate(self.inputs)}
+        by_output = {name: l for l, name in enumerate(self.outputs)}
+        frozen = set(self.frozen)
+
+        def detach(x, name):
+            return x.detach()
+
+        def read_input(x, name):
+            inputs[by_input[name]] = x
+
+        def replace_output(x, name):
+            l = by_output[name]
+            skip = tc.skip(l, inputs[l])
+            if skip is None:
+                y = x.detach().requires_grad_(True)
+            else:
+                skip = skip.to(x.dtype)
+                y = skip + (x - skip).detach()
+            outputs[l] = y
+            return y
+
+        def embed(x, name):
+            held["embed"] = x.detach().requires_grad_(True)
+            return held["embed"]
+
+        def final(x, name):
+            held["final"] = x
+
+        hooks = [(lambda name: name in frozen, detach), (lambda name: name in by_input, read_input),
+                 (lambda name: name in by_output, replace_output), (self.embed, embed), (self.final, final)]
+        with torch.enable_grad(), self.model.hooks(hooks):
+            self.model(input_ids=input_ids[None])
+        return ([inputs[l] for l in range(self.n_layers)], [outputs[l] for l in range(self.n_layers)],
+                held["embed"], held["final"])
+
+
+class _Rows:
+    """Computes attribution rows for batches of targets on one kept forward pass."""
+
+    def __init__(self, replacement: ReplacementModel, prepared: Prepared):
+        self.r, self.p = replacement, prepared
+        self.inputs, self.outputs, self.embed, self.final = replacement.linear_pass(prepared.input_ids)
+        n_layers, n = replacement.n_layers, len(prepared.input_ids)
+        self.n_active = len(prepared.active_features)
+        self.width = self.n_active + (n_layers + 1) * n
+
+    def __call__(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+        """[k, width] rows for k targets: target j reads the stream at layer layers[j] (n_layers: the
+        final norm's output) and position positions[j] through vectors[j]. The backward pass returns a gradient
+        [n, h] per target at every output hook and the embedding at once, so targets go through it in groups
+        that keep those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
+        n, h = self.embed.shape[-2:]
+        per_target = (self.r.n_layers + 1) * n * h * self.embed.element_size()
+        group = max(1, GRADIENT_BYTES // per_target)
+        if len(layers) > group:
+            return torch.cat([self(*parts) for parts in zip(layers.split(group), positions.split(group),
+                                                             vectors.split(group))])
+        k = len(layers)
+        n_layers, p = self.r.n_layers, self.p
+        outs, grads = [], []
+        for layer in layers.unique().tolist():
+            tensor = self.final if layer == n_layers else self.inputs[layer]
+            grad = tensor.new_zeros(k, *tensor.shape)  # [k, 1, n, h]: one cotangent per target
+            chosen = (layers == layer).nonzero()[:, 0]
+            grad[chosen, 0, positions[chosen]] = vectors[chosen].to(grad.dtype)
+            outs.append(tensor)
+            grads.append(grad)
+        top = int(layers.max())
+        sources = [self.outputs[l] for l in range(min(top, n_layers))]
+        got = torch.autograd.grad(outs, [*sources, self.embed], grads, retain_graph=True, allow_unused=True,
+                                  is_grads_batched=True)
+        *out_grads, embed_grad = [None if g is None else g[:, 0] for g in got]
+        dtype = p.decoder_vecs.dtype
+        rows = torch.zeros(k, self.width, dtype=dtype, device=vectors.device)
+        n = len(p.input_ids)
+        for m, g in enumerate(out_grads):
+            if g is None:
+                continue
+            g = g.to(dtype)
+            at = (p.decoder_layer == m).nonzero()[:, 0]
+            if len(at):
+                contributions = torch.einsum("bkh,kh->bk", g[:, p.decoder_pos[at]], p.decoder_vecs[at])
+                rows.index_add_(1, p.decoder_feature[at], contributions)
+            start = self.n_active + m * n
+            rows[:, start:start + n] = torch.einsum("bnh,nh->bn", g, p.errors[m])
+        if embed_grad is not None:
+            start = self.n_active + n_layers * n
+            rows[:, start:start + n] = torch.einsum("bnh,nh->bn", embed_grad.to(dtype), p.token_vectors)
+        return rows
+
+
+def decode(model, ids: list[int]) -> str:
+    """The text of token ids through the model's tokenizer, or "" where the checkpoint has none."""
+    from ..registry.tokenizer import NoTokenizerJson
+
+    tokenizer = getattr(model, "tokenizer", None)
+    try:
+        return tokenizer.decode(ids) if tokenizer is not None else ""
+    except NoTokenizerJson:
+        return ""
+
+
+@dataclasses.dataclass
+class Targets:
+    labels: list  # (token string, vocab index; a virtual index vocab_size + j for a custom direction)
+    probabilities: torch.Tensor  # [k]
+    vectors: torch.Tensor  # [k, h]
+
+
+def logit_targets(replacement: ReplacementModel, logits: torch.Tensor, attribution_targets, *, max_n_logits: int,
+                  desired_logit_prob: float, decode=None) -> Targets:
+    """circuit-tracer's AttributionTargets: salient logits, chosen token ids, or custom (label, weight, vector)."""
+    W = replacement.unembedding  # [V, h]
+    vocab = logits.shape[-1]
+    decode = decode or (lambda i: "")
+    probs = torch.softmax(logits, dim=-1)
+    if attribution_targets is None:
+        if not 0 < desired_logit_prob <= 1:
+            raise ValueError(f"desired_logit_prob must be in (0, 1], got {desired_logit_prob}")
+        if max_n_logits < 1:
+            raise ValueError(f"max_n_logits must be at least 1, got {max_n_logits}")
+        top_p, top_idx = torch.topk(probs, min(max_n_logits, vocab))
+        cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_logit_prob)) + 1
+        indices = top_idx[:cutoff]
+    elif isinstance(attribution_targets, torch.Tensor) or (
+            isinstance(attribution_targets, Sequence) and attribution_targets
+            and all(isinstance(t, int) for t in attribution_targets)):
+        indices = torch.as_tensor(attribution_targets, dtype=torch.long).reshape(-1)
+        bad = indices[(indices < 0) | (indices >= vocab)]
+        if len(bad) or not len(indices):
+            raise ValueError(f"attribution targets must be token ids in [0, {vocab}); got {bad.tolist() or 'none'}")
+    elif isinstance(attribution_targets, Sequence) and attribution_targets and all(
+            isinstance(t, str) for t in attribution_targets):
+        return logit_targets(replacement, logits, torch.tensor([_one_token(replacement.model, t)
+                                                                for t in attribution_targets]),
+                             max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob, decode=decode)
+    elif isinstance(attribution_targets, Sequence) and attribution_targets:
+        labels, weights, vectors = [], [], []
+        for j, target in enumerate(attribution_targets):
+            if not (isinstance(target, tuple) and len(target) == 3 and isinstance(target[0], str)
+                    and isinstance(target[1], (int, float)) and isinstance(target[2], torch.Tensor)):
+                raise TypeError(f"attribution target {j}: a custom target is (label: str, weight: float, "
+                                f"vector: Tensor [{W.shape[1]}]), got {target!r}")
+            if target[2].shape != (W.shape[1],):
+                raise ValueError(f"attribution target {j} ({target[0]!r}): vector of shape {list(target[2].shape)}; "
+                                 f"the final norm's output has {W.shape[1]} dimensions")
+            labels.append((target[0], vocab + j))
+            weights.append(float(target[1]))
+            vectors.append(target[2])
+        return Targets(labels, torch.tensor(weights), torch.stack(vectors).to(W.dtype))
+    else:
+        raise TypeError("attribution_targets: None, token ids, or (label, weight, vector) tuples; got "
+                        f"{attribution_targets!r}")
+    vectors = W[indices] - W.mean(dim=0, keepdim=True)
+    return Targets([(decode(i), i) for i in indices.tolist()], probs[indices], vectors)
+
+
+def _one_token(model, text: str) -> int:
+    """The id of the one token `text` is (without special tokens); a ValueError otherwise."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(f"attribution target {text!r}: the model has no tokenizer; give token ids")
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if len(ids) != 1:
+        raise ValueError(f"attribution target {text!r} is {len(ids)} tokens ({ids}); each string must be one token")
+    return ids[0]
+
+
+def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets=None, max_n_logits: int = 10,
+              desired_logit_prob: float = 0.95, batch_size: int = 512, max_feature_nodes: int | None = None,
+              update_interval: int = 4, zero_positions: slice = slice(0, 1), rows_to=None,
+              progress=None) -> Graph:
+    """The attribution graph of `input_ids` ([n] token ids, position 0 the BOS-like token circuit-tracer prepends:
+    it gets no features) under `transcoders`; see the module's docstring. `rows_to`: a path for the rows of the
+    adjacency matrix (a float32 numpy memmap), instead of memory. `progress(done, total)`: called after each batch
+    of feature rows. `zero_positions`: the positions given no features and no error (circuit-tracer's: the BOS);
+    slice(0, 0) gives every position its nodes, so each row sums to what its target reads."""
+    input_ids = torch.as_tensor(input_ids).reshape(-1)
+    if input_ids.ndim != 1 or len(input_ids) < 2:
+        raise ValueError(f"attribute takes one prompt of at least 2 token ids (a BOS-like token first), "
+                         f"got {len(input_ids)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    vocab = model.config.vocab_size
+    bad = input_ids[(input_ids < 0) | (input_ids >= vocab)]
+    if len(bad):
+        raise ValueError(f"token ids {bad.tolist()} are outside the vocabulary [0, {vocab})")
+    model.family.check_length(model.config, len(input_ids), "the prompt")
+    replacement = ReplacementModel(model, transcoders, zero_positions=zero_positions)
+    was_training, requires = model.training, [p.requires_grad for p in model.parameters()]
+    model.eval().requires_grad_(False)
+    try:
+        prepared = replacement.prepare(input_ids)
+        targets = logit_targets(replacement, prepared.logits, attribution_targets, max_n_logits=max_n_logits,
+                                desired_logit_prob=desired_logit_prob, decode=lambda i: decode(model, [i]))
+        graph = _build(replacement, prepared, targets, batch_size, max_feature_nodes, update_interval, rows_to,
+                       progress)
+        graph.input_string = decode(model, input_ids.tolist())
+        return graph
+    finally:
+        model.train(was_training)
+        for p, r in zip(model.parameters(), requires):
+            p.requires_grad_(r)
+
+
+def _build(replacement, prepared, targets, batch_size, max_feature_nodes, update_interval, rows_to, progress):
+    n_layers, n = replacement.n_layers, len(prepared.input_ids)
+    total_active = len(prepared.active_features)
+    logit_offset = total_active + (n_layers + 1) * n
+    n_logits = len(targets.labels)
+    max_feature_nodes = min(max_feature_nodes or total_active, total_active)
+    rows = _Rows(replacement, prepared)
+    layers, positions = prepared.active_features[:, 0], prepared.active_features[:, 1]
+    dtype = prepared.decoder_vecs.dtype
+
+    def logit_rows():
+        for i in range(0, n_logits, batch_size):
+            vecs = targets.vectors[i:i + batch_size].to(dtype)
+            k = len(vecs)
+            yield i, rows(torch.full((k,), n_layers), torch.full((k,), n - 1), vecs).float()
+
+    def feature_rows(chosen):
+        return rows(layers[chosen], positions[chosen], prepared.encoder_vecs[chosen]).float()
+
+    if max_feature_nodes == total_active:
+        # every feature, in order: each batch of rows goes straight to its place in the adjacency matrix
+        size = logit_offset + n_logits
+        adjacency = _storage(size, rows_to)
+        for i, block in logit_rows():
+            adjacency[size - n_logits + i:size - n_logits + i + len(block), :logit_offset] = block
+        for chosen in torch.arange(total_active).split(batch_size):
+            adjacency[chosen[0]:chosen[-1] + 1, :logit_offset] = feature_rows(chosen)
+            if progress is not None:
+                progress(int(chosen[-1]) + 1, total_active)
+        selected = torch.arange(total_active)
+    else:  # circuit-tracer's influence-ranked visit: rows kept in the order visited, ranked again as they come
+        edge = torch.zeros(max_feature_nodes + n_logits, logit_offset + n_logits)
+        row_node = torch.zeros(max_feature_nodes + n_logits, dtype=torch.long)
+        for i, block in logit_rows():
+            edge[i:i + len(block), :logit_offset] = block
+            row_node[i:i + len(block)] = torch.arange(i, i + len(block)) + logit_offset
+        st, visited = n_logits, torch.zeros(total_active, dtype=torch.bool)
+        while st - n_logits < max_feature_nodes:
+            influence = partial_influences(edge[:st], targets.probabilities.float(), row_node[:st])
+            rank = torch.argsort(influence[:total_active], descending=True)
+            left = max_feature_nodes - (st - n_logits)
+            for chosen in rank[~visited[rank]][:min(update_interval * batch_size, left)].split(batch_size):
+                edge[st:st + len(chosen), :logit_offset] = feature_rows(chosen)
+                row_node[st:st + len(chosen)] = chosen
+                visited[chosen] = True
+                st += len(chosen)
+                if progress is not None:
+                    progress(st - n_logits, max_feature_nodes)
+        selected = visited.nonzero()[:, 0]
+        edge = edge[:, torch.cat([selected, torch.arange(total_active, logit_offset + n_logits)])]
+        edge = edge[row_node.argsort()]
+        size = edge.shape[1]
+        adjacency = _storage(size, rows_to)
+        adjacency[:max_feature_nodes] = edge[:max_feature_nodes]
+        adjacency[size - n_logits:] = edge[max_feature_nodes:]
+    return Graph(input_tokens=prepared.input_ids.cpu(), active_features=prepared.active_features.cpu(),
+                 activation_values=prepared.activation_values.float().cpu(), selected_features=selected,
+                 adjacency_matrix=adjacency, logit_targets=targets.labels,
+                 logit_probabilities=targets.probabilities.float().cpu(), n_layers=n_layers,
+                 vocab_size=replacement.model.config.vocab_size, scan=replacement.transcoders.cfg.scan)
+
+
+def _storage(size: int, rows_to) -> torch.Tensor:
+    """A zero [size, size] float32 matrix in memory, or backed by the .npy file `rows_to` (written as rows come)."""
+    if rows_to is None:
+        return torch.zeros(size, size)
+    import numpy as np
+
+    return torch.from_numpy(np.lib.format.open_memmap(rows_to, mode="w+", dtype=np.float32, shape=(size, size)))

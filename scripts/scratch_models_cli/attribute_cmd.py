@@ -1,0 +1,176 @@
+"""`scratch-models attribute`: the attribution graph of one prompt (scratch_models.circuits), as circuit-tracer
+writes it.
+
+    scratch-models attribute MODEL TRANSCODERS "The capital of France is" --out graphs/
+    scratch-models attribute MODEL TRANSCODERS --ids 2,300,41,77 --out graphs/
+
+TRANSCODERS: a directory in circuit-tracer's layout (config.yaml + its files) or a hub id of one. The prompt gets a
+BOS-like token in front where its first token is not special, as circuit-tracer's ensure_tokenized does. OUT gets
+graph.pt, circuit-tracer's frontend files ({slug}.json, graph-metadata.json) and summary.json (the replacement and
+completeness scores, the logit targets, the counts), each written whole and moved into place together at the end;
+a directory another attribute run is writing into is refused.
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+SUMMARY, GRAPH = "summary.json", "graph.pt"
+
+
+def add_parser(commands, model_help: str) -> None:
+    p = commands.add_parser("attribute", help="the attribution graph of a prompt through transcoders, as "
+                                              "circuit-tracer computes and writes it",
+                            description="Replace each MLP of a causal LM by its transcoders (with error nodes), "
+                                        "freeze attention and norms for the prompt, and write every direct linear "
+                                        "effect between active features, errors, tokens and the top logits: "
+                                        "graph.pt, circuit-tracer's frontend JSON and a summary with the "
+                                        "replacement and completeness scores.")
+    p.add_argument("model", help=model_help)
+    p.add_argument("transcoders", help="a transcoder set in circuit-tracer's layout: a directory (config.yaml + "
+                                       "layer_{i}.safetensors, or W_enc_{i}/W_dec_{i} for a cross-layer set) or a "
+                                       "hub id")
+    p.add_argument("prompt", nargs="?", help="the prompt as text (or give --ids)")
+    p.add_argument("--ids", help="the prompt as token ids, comma-separated (300,41,77)")
+    p.add_argument("--out", required=True, help="directory for the graph, the frontend files and the summary")
+    p.add_argument("--slug", default="graph", help="the graph's name in the frontend files (default: graph)")
+    p.add_argument("--max-n-logits", type=int, default=10, help="at most this many logit targets")
+    p.add_argument("--desired-logit-prob", type=float, default=0.95,
+                   help="logit targets until their cumulative probability reaches this")
+    p.add_argument("--max-feature-nodes", type=int, help="at most this many features, the most influential")
+    p.add_argument("--batch-size", type=int, default=256, help="attribution rows per backward pass")
+    p.add_argument("--node-threshold", type=float, default=0.8, help="pruning: the share of influence nodes keep")
+    p.add_argument("--edge-threshold", type=float, default=0.98, help="pruning: the share of influence edges keep")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    import torch
+
+    from scratch_models.circuits import attribute, graph_scores, load_transcoders, write_frontend_files
+    from scratch_models.circuits.attribution import decode
+
+    from .common import at_least_one, check_writable_directory, open_model, require_device
+
+    at_least_one("--batch-size", args.batch_size)
+    at_least_one("--max-n-logits", args.max_n_logits)
+    at_least_one("--max-feature-nodes", args.max_feature_nodes)
+    for flag, value in (("--node-threshold", args.node_threshold), ("--edge-threshold", args.edge_threshold),
+                        ("--desired-logit-prob", args.desired_logit_prob)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{flag} must be between 0 and 1, got {value}")
+    if (args.prompt is None) == (args.ids is None):
+        raise ValueError("give the prompt as text or as --ids, one of them")
+    require_device(args.device)
+    check_writable_directory("--out", args.out)
+    opened = open_model(args.model)
+    family = opened.family
+    if not family.causal:
+        raise ValueError(f"{opened.source}: attribution graphs explain a causal LM's next token; {family.title} is "
+                         "not one")
+    ids = _prompt_ids(opened, args)
+    family.check_length(opened.config, len(ids), "the prompt (with the BOS token in front)")
+    transcoders = load_transcoders(args.transcoders)
+    model = opened.load(family.lm, device=args.device)
+    transcoders.to(args.device)
+    transcoders.sites(model)  # a set for another model: refused before any work
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(out / f".attribute-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        started = time.time()
+        bar = None if args.quiet else _bar()
+        graph = attribute(model, transcoders, torch.tensor(ids, device=args.device),
+                          max_n_logits=args.max_n_logits, desired_logit_prob=args.desired_logit_prob,
+                          batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes,
+                          progress=bar)
+        seconds = time.time() - started
+        graph.to_pt(staging / GRAPH)
+        scan = graph.scan if graph.scan is not None else str(args.transcoders)
+        write_frontend_files(graph, args.slug, staging, scan=scan, node_threshold=args.node_threshold,
+                             edge_threshold=args.edge_threshold, decode=lambda t: decode(model, [t]))
+        replacement, completeness = graph_scores(graph)
+        summary = {"model": opened.source, "transcoders": str(args.transcoders), "prompt": graph.input_string,
+                   "input_ids": ids, "tokens": [decode(model, [t]) for t in ids],
+                   "logit_targets": [{"token": token, "id": index, "probability": p}
+                                     for (token, index), p in zip(graph.logit_targets,
+                                                                  graph.logit_probabilities.tolist())],
+                   "active_features": len(graph.active_features),
+                   "feature_nodes": len(graph.selected_features),
+                   "nodes": graph.adjacency_matrix.shape[0],
+                   "replacement_score": replacement, "completeness_score": completeness,
+                   "node_threshold": args.node_threshold, "edge_threshold": args.edge_threshold,
+                   "seconds": round(seconds, 3)}
+        (staging / SUMMARY).write_text(json.dumps(summary, indent=2))
+        if (out / "graph-metadata.json").exists():  # the list of graphs there, this one's entry replaced
+            listed = json.loads((out / "graph-metadata.json").read_text())
+            mine = json.loads((staging / "graph-metadata.json").read_text())["graphs"]
+            listed["graphs"] = [g for g in listed.get("graphs", []) if g.get("slug") != args.slug] + mine
+            (staging / "graph-metadata.json").write_text(json.dumps(listed, indent=2))
+        for file in staging.iterdir():
+            file.replace(out / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"{len(ids)} tokens, {len(graph.active_features)} active features ({len(graph.selected_features)} in the "
+          f"graph), {len(graph.logit_targets)} logit targets; replacement score {replacement:.4f}, completeness "
+          f"score {completeness:.4f}; {seconds:.1f} s")
+    print(f"wrote {out / GRAPH}, {out / (args.slug + '.json')}, {out / 'graph-metadata.json'}, {out / SUMMARY}")
+    return 0
+
+
+def _prompt_ids(opened, args) -> list[int]:
+    """The prompt's token ids with a BOS-like token in front where the first is not special (circuit-tracer's
+    ensure_tokenized: BOS, else padding, else end of text, else any special token)."""
+    vocab = opened.config.vocab_size
+    if args.ids is not None:
+        try:
+            ids = [int(part) for part in args.ids.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"--ids {args.ids!r}: comma-separated token ids (300,41,77)") from None
+        if not ids:
+            raise ValueError("--ids: no token ids given")
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"--ids: token ids {bad} are outside the vocabulary [0, {vocab})")
+        tokenizer = opened.tokenizer
+    else:
+        if not args.prompt.strip():
+            raise ValueError("the prompt is empty: give a text")
+        tokenizer = opened.require_tokenizer()
+        ids = tokenizer.encode(args.prompt, add_special_tokens=False)
+        if not ids:
+            raise ValueError(f"the prompt {args.prompt!r} gives no tokens")
+    special = dict(tokenizer.special_ids) if tokenizer is not None else {}
+    for name in ("bos_token_id", "pad_token_id", "eos_token_id"):
+        value = getattr(opened.config, name, None)
+        if isinstance(value, int):
+            special.setdefault(name.removesuffix("_token_id"), value)
+    if ids[0] in set(special.values()):
+        return ids
+    for role in ("bos", "pad", "eos", *special):
+        if role in special and special[role] is not None:
+            return [special[role], *ids]
+    raise ValueError(f"{opened.source}: neither its tokenizer nor its config names a special token to put before "
+                     "the prompt (circuit-tracer gives position 0 no features); give --ids starting with one")
+
+
+def _bar():
+    """progress(done, total) drawing a tqdm bar on stderr."""
+    from tqdm.auto import tqdm
+
+    state = {}
+
+    def progress(done, total):
+        if "bar" not in state:
+            state["bar"] = tqdm(total=total, desc="feature rows", unit="row", file=sys.stderr, dynamic_ncols=True)
+        state["bar"].update(done - state["bar"].n)
+        if done >= total:
+            state["bar"].close()
+
+    return progress

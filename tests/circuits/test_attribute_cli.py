@@ -1,0 +1,95 @@
+"""`scratch-models attribute MODEL TRANSCODERS PROMPT --out DIR` on a tiny Llama written by `scratch-models tiny`."""
+
+import json
+import re
+
+import pytest
+from locking import held_elsewhere
+import torch
+
+from circuit_data import random_transcoders
+from scratch_models import FAMILIES
+from scratch_models.circuits import Graph, attribute, graph_scores, save_transcoders
+from scratch_models_cli.cli import main
+from weight_mapping.locks import LOCK_FILE
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attribute")
+    assert main(["tiny", "llama", str(root / "model")]) == 0
+    model = FAMILIES["llama"].lm.from_pretrained(root / "model")
+    save_transcoders(random_transcoders(model.config.num_hidden_layers, model.config.hidden_size, 16,
+                                        jumprelu=True, skip=True), root / "transcoders")
+    return root, model
+
+
+def test_writes_the_graph_frontend_files_and_summary(setup, tmp_path, capsys):
+    root, model = setup
+    out = tmp_path / "out"
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--out", str(out),
+                 "--quiet", "--max-n-logits", "3"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["graph-metadata.json", "graph.json", "graph.pt", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    graph = Graph.from_pt(out / "graph.pt")
+    ids = summary["input_ids"]
+    assert ids[0] in model.tokenizer.special_ids.values() and ids[1:] == model.tokenizer.encode(
+        "Once upon a time", add_special_tokens=False)
+    expected = attribute(model, _loaded(root), torch.tensor(ids), max_n_logits=3)
+    assert torch.equal(graph.adjacency_matrix, expected.adjacency_matrix)
+    assert summary["replacement_score"] == pytest.approx(graph_scores(expected)[0])
+    assert summary["completeness_score"] == pytest.approx(graph_scores(expected)[1])
+    assert len(summary["logit_targets"]) == len(expected.logit_targets) <= 3
+    frontend = json.loads((out / "graph.json").read_text())
+    assert frontend["metadata"]["scan"] == "tiny-test-scan" and frontend["links"]
+    assert "replacement score" in capsys.readouterr().out
+    # --ids, the same tokens: the same graph; a second slug joins the first in graph-metadata.json
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), "--ids", ",".join(map(str, ids[1:])),
+                 "--out", str(out), "--quiet", "--max-n-logits", "3", "--slug", "again"]) == 0
+    assert torch.equal(Graph.from_pt(out / "graph.pt").adjacency_matrix, expected.adjacency_matrix)
+    slugs = [g["slug"] for g in json.loads((out / "graph-metadata.json").read_text())["graphs"]]
+    assert slugs == ["graph", "again"]
+
+
+def _loaded(root):
+    from scratch_models.circuits import load_transcoders
+
+    return load_transcoders(root / "transcoders")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["", ], "the prompt is empty"),
+    (["--ids", "1,99999"], r"token ids \[99999\] are outside the vocabulary"),
+    (["--ids", "1,x"], "comma-separated token ids"),
+    (["x " * 300], "tokens long; this model reads at most"),
+    (["hi", "--node-threshold", "2"], "--node-threshold must be between 0 and 1"),
+    ([], "give the prompt as text or as --ids"),
+])
+def test_bad_input_is_one_line_naming_it_and_nothing_is_written(setup, tmp_path, capsys, args, message):
+    root, _ = setup
+    out = tmp_path / "out"
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scratch-models attribute: error: ") and re.search(message, err), err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_mismatched_transcoders_and_a_held_directory_are_refused(setup, tmp_path, capsys):
+    root, model = setup
+    save_transcoders(random_transcoders(3, model.config.hidden_size, 16), tmp_path / "three")
+    out = tmp_path / "out"
+    assert main(["attribute", str(root / "model"), str(tmp_path / "three"), "hi", "--out", str(out)]) == 2
+    assert "3 layers of transcoders; this LlamaForCausalLM has 2 layers" in capsys.readouterr().err
+    with held_elsewhere(out, "attribute"):  # the one lock every writer of a directory takes, before loading
+        assert main(["attribute", str(root / "model"), str(root / "transcoders"), "hi", "--out", str(out)]) == 2
+    assert re.search(r"another attribute is running there \(pid \d+", capsys.readouterr().err)
+    assert not out.exists() or not any(p.name != LOCK_FILE for p in out.iterdir())  # nothing written
+
+
+def test_progress_bar_counts_the_feature_rows(setup, tmp_path, capsys):
+    root, _ = setup
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon", "--out",
+                 str(tmp_path / "out"), "--batch-size", "4"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    err = capsys.readouterr().err
+    assert "feature rows" in err and f"{summary['feature_nodes']}/{summary['feature_nodes']}" in err

@@ -1,0 +1,276 @@
+"""Exactly circuit-tracer 0.5.0: its TransformerLens replacement model and `attribute` against ours, on tiny random
+Gemma 2 and Llama checkpoints with per-layer (JumpReLU with a skip connection, ReLU) and cross-layer transcoder sets
+written in its layout and read back by its own loaders.
+
+circuit-tracer needs transformers <= 4.57 and transformer-lens < 4, which the peers extra excludes, so this file
+runs in a venv of its own and skips elsewhere. From the repository's root:
+
+    python3 -m venv /work/venv-circuit-tracer && /work/venv-circuit-tracer/bin/pip install torch==2.13.0 && \
+    /work/venv-circuit-tracer/bin/pip install circuit-tracer==0.5.0 pytest && \
+    PYTHONPATH=.:tests/circuits /work/venv-circuit-tracer/bin/python -m pytest -q -p no:cacheprovider \
+        tests/circuits/test_circuit_tracer_parity.py
+
+(circuit-tracer 0.5.0 with transformer-lens 3.2.1 and transformers 4.57.3 when written.)
+
+Tolerances: the adjacency within 1e-5 of its largest entry (float32; the two sides sum the same products in other
+orders through models whose forward passes round differently by a few units in the last place); activations and
+probabilities within 1e-5 relative; the sets of active features, logit targets, selected features and the pruning
+masks equal.
+"""
+
+import importlib
+import json
+import math
+
+import pytest
+import torch
+
+circuit_tracer = pytest.importorskip("circuit_tracer", reason="circuit-tracer is not installed (it needs "
+                                                              "transformers <= 4.57 and transformer-lens < 4): run "
+                                                              "this file in a venv of its own, as its docstring says")
+
+import transformers  # noqa: E402
+from circuit_tracer import attribute as their_attribute  # noqa: E402
+from circuit_tracer.graph import compute_graph_scores, compute_node_influence  # noqa: E402
+from circuit_tracer.graph import prune_graph as their_prune  # noqa: E402
+from circuit_tracer.replacement_model.replacement_model_transformerlens import \
+    TransformerLensReplacementModel  # noqa: E402
+from circuit_tracer.transcoder.cross_layer_transcoder import load_clt  # noqa: E402
+from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set  # noqa: E402
+from transformer_lens import HookedTransformerConfig  # noqa: E402
+from transformer_lens.pretrained.weight_conversions.gemma import convert_gemma_weights  # noqa: E402
+from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights  # noqa: E402
+
+from circuit_data import random_transcoders  # noqa: E402
+from scratch_models import FAMILIES  # noqa: E402
+from scratch_models.circuits import (attribute, feature_intervention, feature_intervention_generate,  # noqa
+                                     graph_scores, load_transcoders, node_influence, prune_graph, save_transcoders,
+                                     write_frontend_files)
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, LAYERS, CONTEXT = 41, 32, 4, 2, 8, 48, 3, 64
+
+
+def hf_checkpoint(family: str, directory):
+    """A tiny random transformers checkpoint of `family`, saved to `directory`, and the HF model."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                  max_position_embeddings=CONTEXT, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "gemma2":
+        config = transformers.Gemma2Config(**common, query_pre_attn_scalar=HEAD_DIM, sliding_window=CONTEXT,
+                                           attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+        model = transformers.Gemma2ForCausalLM(config)
+    else:
+        config = transformers.LlamaConfig(**common, tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.2 if "norm" in name else 0.3))
+    model.eval().save_pretrained(directory)
+    return model
+
+
+def tl_config(family: str) -> HookedTransformerConfig:
+    common = dict(d_model=HIDDEN, d_head=HEAD_DIM, n_heads=HEADS, d_mlp=MLP, n_layers=LAYERS, n_ctx=CONTEXT,
+                  d_vocab=VOCAB, normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=HEAD_DIM,
+                  n_key_value_heads=KV_HEADS, gated_mlp=True, final_rms=True, dtype=torch.float32, device="cpu",
+                  tokenizer_name=None)
+    if family == "gemma2":
+        return HookedTransformerConfig(**common, act_fn="gelu_pytorch_tanh", eps=1e-6, rotary_base=10000.0,
+                                       use_attn_scale=True, window_size=CONTEXT, use_local_attn=True,
+                                       attn_types=(["local", "global"] * LAYERS)[:LAYERS], attn_scores_soft_cap=50.0,
+                                       output_logits_soft_cap=30.0, use_normalization_before_and_after=True,
+                                       original_architecture="Gemma2ForCausalLM")
+    return HookedTransformerConfig(**common, act_fn="silu", eps=1e-6, rotary_base=10000.0,
+                                   rotary_adjacent_pairs=False, original_architecture="LlamaForCausalLM")
+
+
+class Tokenizer:
+    """What circuit-tracer asks of a tokenizer when it is given token ids: the special ids, decode, vocab_size."""
+
+    all_special_ids = [0, 1, 2]
+    bos_token_id, pad_token_id, eos_token_id = 1, 0, 2
+    vocab_size = VOCAB
+    padding_side = "right"
+
+    def encode(self, text, add_special_tokens=False):
+        return [int(word[1:]) for word in text.split()]
+
+    def decode(self, ids):
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        return " ".join(f"t{i}" for i in (ids if isinstance(ids, list) else [ids]))
+
+
+def their_model(family: str, hf_model, transcoders):
+    tl = TransformerLensReplacementModel(tl_config(family))
+    convert = convert_gemma_weights if family == "gemma2" else convert_llama_weights
+    tl.load_and_process_state_dict(convert(hf_model, tl.cfg), fold_ln=False, center_writing_weights=False,
+                                   center_unembed=False, fold_value_biases=False,
+                                   refactor_factored_attn_matrices=False)
+    tl.tokenizer = Tokenizer()
+    tl._configure_replacement_model(transcoders)
+    return tl
+
+
+def their_transcoders(directory, kind: str):
+    import yaml
+
+    cfg = yaml.safe_load((directory / "config.yaml").read_text())
+    if kind == "cross_layer_transcoder":
+        return load_clt(str(directory), cfg["feature_input_hook"], cfg["feature_output_hook"], scan=cfg["scan"],
+                        device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False)
+    paths = {l: str(directory / f"layer_{l}.safetensors") for l in range(LAYERS)}
+    return load_transcoder_set(paths, cfg["scan"], cfg["feature_input_hook"], cfg["feature_output_hook"],
+                               device=torch.device("cpu"), dtype=torch.float32, lazy_encoder=False,
+                               lazy_decoder=False)
+
+
+HOOKS = {"gemma2": ("ln2.hook_normalized", "hook_mlp_out"), "llama": ("mlp.hook_in", "mlp.hook_out")}
+CASES = [("gemma2", "transcoder_set", dict(jumprelu=True, skip=True), {}),
+         ("gemma2", "transcoder_set", dict(), dict(max_feature_nodes=40, batch_size=7)),
+         ("gemma2", "cross_layer_transcoder", dict(), {}),
+         ("llama", "transcoder_set", dict(jumprelu=True, skip=True), dict(max_feature_nodes=50, batch_size=16)),
+         ("llama", "transcoder_set", dict(), {}),
+         ("llama", "cross_layer_transcoder", dict(jumprelu=True), dict(max_feature_nodes=60, batch_size=9))]
+
+
+@pytest.mark.parametrize("family, kind, shape, options", CASES)
+def test_attribution_graph_is_circuit_tracers(tmp_path, monkeypatch, family, kind, shape, options):
+    hf = hf_checkpoint(family, tmp_path / "model")
+    ours_tc = random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], **shape)
+    save_transcoders(ours_tc, tmp_path / "transcoders")
+    ours_tc = load_transcoders(tmp_path / "transcoders")  # read back from circuit-tracer's layout
+    theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
+    ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
+    ours_model.tokenizer = Tokenizer()  # the same token texts on both sides (the checkpoint has no tokenizer)
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    settings = dict(batch_size=options.get("batch_size", 512), max_feature_nodes=options.get("max_feature_nodes"))
+    theirs = their_attribute(ids, theirs_model, max_n_logits=6, desired_logit_prob=0.9, **settings)
+    ours = attribute(ours_model, ours_tc, ids, max_n_logits=6, desired_logit_prob=0.9, **settings)
+
+    assert torch.equal(ours.active_features, theirs.active_features)
+    torch.testing.assert_close(ours.activation_values, theirs.activation_values, rtol=1e-5, atol=1e-6)
+    assert [v for _, v in ours.logit_targets] == [t.vocab_idx for t in theirs.logit_targets]
+    torch.testing.assert_close(ours.logit_probabilities, theirs.logit_probabilities, rtol=1e-5, atol=1e-7)
+    assert torch.equal(ours.selected_features, theirs.selected_features)
+    a, b = ours.adjacency_matrix, theirs.adjacency_matrix
+    assert a.shape == b.shape
+    scale = b.abs().max()
+    assert (a - b).abs().max() <= 1e-5 * scale, (a - b).abs().max() / scale
+
+    weights = torch.zeros(b.shape[0])
+    weights[-len(theirs.logit_targets):] = theirs.logit_probabilities
+    torch.testing.assert_close(node_influence(ours), compute_node_influence(b, weights), rtol=1e-4, atol=1e-7)
+    for node_threshold, edge_threshold in ((0.8, 0.98), (0.5, 0.9)):
+        mine, reference = prune_graph(ours, node_threshold, edge_threshold), their_prune(theirs, node_threshold,
+                                                                                          edge_threshold)
+        assert torch.equal(mine.node_mask, reference.node_mask)
+        assert torch.equal(mine.edge_mask, reference.edge_mask)
+        torch.testing.assert_close(mine.cumulative_scores, reference.cumulative_scores, rtol=1e-4, atol=1e-6)
+        assert 0 < mine.node_mask.sum() < len(mine.node_mask) and 0 < mine.edge_mask.sum()
+    for mine, reference in zip(graph_scores(ours), compute_graph_scores(theirs)):
+        assert mine == pytest.approx(reference, rel=1e-4)
+    if options.get("max_feature_nodes"):
+        assert len(ours.selected_features) == options["max_feature_nodes"] < len(ours.active_features)
+
+    # the frontend's files, as create_graph_files writes them (its tokenizer: ours above, by name)
+    module = importlib.import_module("circuit_tracer.utils.create_graph_files")
+    monkeypatch.setattr(module, "AutoTokenizer", type("AutoTokenizer", (), {
+        "from_pretrained": staticmethod(lambda name: Tokenizer())}))
+    module.create_graph_files(theirs, "parity", str(tmp_path / "theirs"), node_threshold=0.8, edge_threshold=0.98)
+    write_frontend_files(ours, "parity", tmp_path / "ours", decode=Tokenizer().decode)
+    for name in ("parity.json", "graph-metadata.json"):
+        mine, reference = (json.loads((tmp_path / side / name).read_text()) for side in ("ours", "theirs"))
+        _same(mine, reference, name)
+
+
+INTERVENTIONS = [("gemma2", "transcoder_set", dict(jumprelu=True, skip=True), dict()),
+                 ("gemma2", "transcoder_set", dict(jumprelu=True, skip=True), dict(freeze_attention=False)),
+                 ("gemma2", "transcoder_set", dict(jumprelu=True, skip=True),
+                  dict(constrained_layers=range(LAYERS), apply_activation_function=False)),
+                 ("llama", "cross_layer_transcoder", dict(), dict(constrained_layers=range(1, LAYERS))),
+                 ("llama", "cross_layer_transcoder", dict(jumprelu=True), dict()),
+                 ("llama", "transcoder_set", dict(skip=True), dict(constrained_layers=range(LAYERS)))]
+
+
+@pytest.mark.parametrize("family, kind, shape, options", INTERVENTIONS)
+def test_feature_intervention_is_circuit_tracers(tmp_path, family, kind, shape, options):
+    """Set one active feature to 0 and scale another by 3 (a slice of positions for a third): the logits and every
+    layer's activations after, within 1e-5 of the largest."""
+    hf = hf_checkpoint(family, tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], **shape),
+                     tmp_path / "transcoders")
+    ours_tc = load_transcoders(tmp_path / "transcoders")
+    theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
+    ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    _, clean = theirs_model.get_activations(ids)
+    first = (clean[0, 2] > 0).nonzero()[0, 0].item()
+    second = (clean[1, 5] > 0).nonzero()[0, 0].item()
+    interventions = [(0, 2, first, 0.0), (1, 5, second, 3 * clean[1, 5, second].item()), (2, slice(3, 6), 4, 1.5)]
+    their_logits, their_acts = theirs_model.feature_intervention(ids, interventions, **options)
+    our_logits, our_acts = feature_intervention(ours_model, ours_tc, ids, interventions, **options)
+    assert (our_logits - their_logits).abs().max() <= 1e-5 * their_logits.abs().max()
+    assert (our_acts - their_acts).abs().max() <= 1e-5 * their_acts.abs().max()
+    unedited, _ = theirs_model.feature_intervention(ids, [], **options)
+    assert (their_logits - unedited).abs().max() > 1e-3 * unedited.abs().max()  # the interventions change something
+
+
+@pytest.mark.parametrize("family, kind", [("gemma2", "transcoder_set"), ("llama", "cross_layer_transcoder")])
+def test_generation_under_an_intervention_is_circuit_tracers(tmp_path, family, kind):
+    """Greedy generation with one feature zeroed in the prompt and one set on every position from 4 on (an
+    open-ended slice, applied to each new token too): the same tokens, each step's logits and the activations."""
+    hf = hf_checkpoint(family, tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], jumprelu=True),
+                     tmp_path / "transcoders")
+    theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
+    ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    _, clean = theirs_model.get_activations(ids)
+    interventions = [(0, 2, (clean[0, 2] > 0).nonzero()[0, 0].item(), 0.0), (1, slice(4, None), 3, 2.0)]
+    tokens, logits, acts = theirs_model.feature_intervention_generate(ids[None], interventions, do_sample=False,
+                                                                       max_new_tokens=4, verbose=False)
+    our_tokens, our_logits, our_acts = feature_intervention_generate(ours_model, load_transcoders(
+        tmp_path / "transcoders"), ids, interventions, max_new_tokens=4)
+    assert our_tokens.tolist() == tokens[0].tolist()
+    assert (our_logits - logits).abs().max() <= 1e-5 * logits.abs().max()
+    assert (our_acts - acts).abs().max() <= 1e-5 * acts.abs().max()
+
+
+@pytest.mark.parametrize("targets", ["ids", "strings", "direction"])
+def test_chosen_targets_are_circuit_tracers(tmp_path, targets):
+    """Token ids, token strings, and a logit difference as a custom direction."""
+    hf = hf_checkpoint("llama", tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, hooks=HOOKS["llama"], jumprelu=True, skip=True),
+                     tmp_path / "transcoders")
+    theirs_model = their_model("llama", hf, their_transcoders(tmp_path / "transcoders", "transcoder_set"))
+    ours_model = FAMILIES["llama"].lm.from_pretrained(tmp_path / "model")
+    ours_model.tokenizer = Tokenizer()
+    W = theirs_model.unembed.W_U  # [h, V]
+    given = {"ids": torch.tensor([5, 9, 30]), "strings": ["t5", "t9"],
+             "direction": [("t5 - t9", 1.0, (W[:, 5] - W[:, 9]).detach())]}[targets]
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    theirs = their_attribute(ids, theirs_model, attribution_targets=given)
+    ours = attribute(ours_model, load_transcoders(tmp_path / "transcoders"), ids, attribution_targets=given)
+    assert ours.logit_targets == [tuple(t) for t in theirs.logit_targets]
+    torch.testing.assert_close(ours.logit_probabilities, theirs.logit_probabilities, rtol=1e-5, atol=1e-7)
+    a, b = ours.adjacency_matrix, theirs.adjacency_matrix
+    assert a.shape == b.shape and (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+def _same(mine, reference, where="") -> None:
+    """The two JSON values alike: the same structure, strings and ints, and floats within 1e-4 relative (influences
+    and weights are sums taken in other orders)."""
+    assert type(mine) is type(reference) or {type(mine), type(reference)} == {int, float}, (where, mine, reference)
+    if isinstance(reference, dict):
+        assert mine.keys() == reference.keys(), where
+        for key in reference:
+            _same(mine[key], reference[key], f"{where}.{key}")
+    elif isinstance(reference, list):
+        assert len(mine) == len(reference), where
+        for i, (a, b) in enumerate(zip(mine, reference)):
+            _same(a, b, f"{where}[{i}]")
+    elif isinstance(reference, float):
+        assert math.isclose(mine, reference, rel_tol=1e-4, abs_tol=1e-6), (where, mine, reference)
+    else:
+        assert mine == reference, (where, mine, reference)
