@@ -190,7 +190,7 @@ class TransformerLensMixin:
     def __call__(self, *args, **kwargs):
         if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs):
             # hooks added TL's way may show a tensor with a row per sequence where ours holds one for all
-            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_added_hooks") else None
+            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_attached_hooks") else None
             return super().__call__(*args, **kwargs)
         return_type = kwargs.pop("return_type", self.default_return_type)
         per_token = kwargs.pop("loss_per_token", False)

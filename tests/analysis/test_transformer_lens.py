@@ -279,9 +279,11 @@ def test_hooks_added_to_the_model_last_until_reset_as_tl_s_do():
         expected = model.run_with_hooks(**inputs(), fwd_hooks=[("blocks.0.attn.hook_z", ablate)]).logits
         model.blocks[0].attn.hook_z.add_hook(ablate)
         assert torch.equal(model(**inputs()).logits, expected)  # a plain call keeps it
-        ablated, cache = model.run_with_cache(**inputs())  # reset_hooks_end (TL's default) removes it after the run
+        ablated, cache = model.run_with_cache(**inputs())  # and so do runs (reset_hooks_end removes their own only)
         assert torch.allclose(ablated.logits, expected, atol=1e-6)
         assert bool((cache["blocks.0.attn.hook_z"][:, -1, 2] == 0).all())
+        assert torch.equal(model(**inputs()).logits, expected)
+        model.reset_hooks()
         assert torch.equal(model(**inputs()).logits, plain)
         model.add_hook(lambda name: name.endswith("hook_z"), ablate, is_permanent=True)
         model.run_with_hooks(**inputs())
