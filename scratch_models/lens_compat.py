@@ -33,7 +33,9 @@ import re
 import torch
 import torch.nn.functional as F
 
+from .hook_point import HookPoint
 from .lens_names import Resolved
+from .parts.norms import Norm
 from .outputs import logits_of
 
 RETURN_TYPES = ("output", "logits", "loss", "both", "predictions", None)
@@ -150,6 +152,13 @@ class TransformerLensMixin:
         self.default_return_type = "output" if type(self) is self.family.base else "logits"
         self.default_prepend_bos = table.prepend_bos
         self.transformer_lens = True
+        # every call down the path a cache or a hook takes (explicit attention, norms step by step), so that neither
+        # changes a bit of the logits, as in TL's bridge
+        for module in self.modules():
+            for name in ("scale", "normalized") if isinstance(module, Norm) else ("scores", "probs"):
+                point = module._modules.get(name)
+                if isinstance(point, HookPoint):
+                    point.always = True
 
     # ---- TransformerLens' switches --------------------------------------------------------------------------------
 

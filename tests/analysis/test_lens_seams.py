@@ -111,3 +111,67 @@ def test_the_plain_dialect_keeps_its_own_hooks_the_same_way(built):
         assert torch.equal(model(ids).logits, plain)
     with pytest.raises(TypeError):
         model.reset_hooks(True)  # TL's first positional argument is clear_contexts: not taken for including_permanent
+
+
+# ---- a cache or a hook changes no bit --------------------------------------------------------------------------
+
+
+def identity(x, hook):
+    return x
+
+
+@each_family
+def test_a_cache_or_a_hook_gives_the_plain_call_s_logits_bitwise(built, family):
+    """TL's bridge gives the same logits with or without a cache or hooks (its Attribution Patching demo asserts
+    1e-5 between them). Ours took the fused attention without listeners and the explicit one with them (3e-5 apart
+    on logits of 14), and the fused norm against the step-by-step one: a TL-dialect model now takes one path on
+    every call."""
+    _, ours, _, _ = built(family)
+    with torch.no_grad():
+        for text in (TEXTS[0], list(TEXTS), [SHORT, TEXTS[1]]):
+            tokens = ours.to_tokens(text)
+            plain = ours(tokens)
+            assert torch.equal(ours.run_with_cache(tokens)[0], plain)
+            assert torch.equal(ours.run_with_cache(tokens, names_filter=lambda name: True)[0], plain)
+            for point in ("attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_z", "ln1.hook_scale",
+                          "ln2.hook_normalized"):
+                hooked = ours.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith(point), identity)])
+                assert torch.equal(hooked, plain), point
+            if "ln_final.hook_scale" in ours.hook_dict:  # BERT, post-LN, has no final norm
+                assert torch.equal(ours.run_with_hooks(tokens, fwd_hooks=[("ln_final.hook_scale", identity)]), plain)
+
+
+# ---- generate's defaults ---------------------------------------------------------------------------------------
+
+
+@each_family
+def test_generate_follows_tl_s_defaults_not_generation_config_json(built, family, tmp_path):
+    """TL's generate reads no generation_config.json: a Llama 3 file's temperature 0.6 and top_p 0.9 (here with
+    3 new tokens and a repetition penalty, which ours refused) change nothing in TL mode. temperature=0 is greedy,
+    as TL's LLaMA demo calls it: the bridge's tokens."""
+    import json
+    import shutil
+
+    from scratch_models.families import FAMILIES
+
+    if not FAMILIES[family].causal:
+        pytest.skip("generate belongs to the causal families")
+    directory, _, bridge, _ = built(family)
+    shutil.copytree(directory, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_new_tokens": 3, "repetition_penalty": 1.3}))
+    ours = FAMILIES[family].lm.from_pretrained(tmp_path, transformer_lens=True)
+    prompt = ours.to_tokens(SHORT)
+    eos = ours.config.eos_token_id
+    torch.manual_seed(1)
+    sampled = ours.generate(prompt, stop_at_eos=False)
+    torch.manual_seed(1)
+    assert torch.equal(sampled, ours.generate(prompt, do_sample=True, temperature=1.0, top_k=None, top_p=None,
+                                              max_new_tokens=10, eos_token_id=eos, stop_at_eos=False))
+    assert sampled.shape[1] == prompt.shape[1] + 10
+    greedy = ours.generate(prompt, temperature=0, max_new_tokens=6, stop_at_eos=False)
+    assert torch.equal(greedy, ours.generate(prompt, do_sample=False, max_new_tokens=6, stop_at_eos=False))
+    # the bridge without its KV cache: with it (transformers 5 here) its second token on is not its own argmax
+    with torch.no_grad():
+        assert torch.equal(greedy, bridge.generate(prompt, temperature=0, max_new_tokens=6, stop_at_eos=False,
+                                                   verbose=False, use_past_kv_cache=False))
