@@ -197,7 +197,8 @@ class TransformerLensMixin:
     # ---- calls ----------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs):
+        if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs) \
+                and not self.transformer_lens:
             # hooks added TL's way may show a tensor with a row per sequence where ours holds one for all
             self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_attached_hooks") else None
             return super().__call__(*args, **kwargs)
@@ -273,7 +274,30 @@ class TransformerLensMixin:
         """Text given in place of input_ids (positionally, as `input_ids` or as TL's `input`) turned into token ids
         with the model's tokenizer, with `prepend_bos` (default: `default_prepend_bos`) and `padding_side`; texts of
         different lengths get their attention_mask. Token ids pass as they are (prepend_bos then means nothing,
-        as in TL)."""
+        as in TL). In TL's dialect, a row whose attention_mask has padding before a token gets its positions
+        counted over its tokens (lens_positions)."""
+        args, kwargs = self._text_inputs(args, kwargs)
+        return (args, self.lens_positions(args, kwargs)) if self.transformer_lens else (args, kwargs)
+
+    def lens_positions(self, args: tuple, kwargs: dict) -> dict:
+        """kwargs with position_ids as TransformerLens' bridge derives them, where a call gives none: a row of
+        attention_mask with padding before a token (left padding, a gap) counts its positions over its tokens only
+        (0 at its first token, left padding at 0), so it reads the positions it would read alone; the other rows keep
+        0, 1, 2, ... transformers' forward does not shift them (its generate does): this is the TL dialect's. Not
+        after a KV cache (generate gives its own)."""
+        arguments = inspect.signature(self.forward).bind_partial(*args, **kwargs).arguments
+        mask = arguments.get("attention_mask")
+        if mask is None or arguments.get("position_ids") is not None or arguments.get("past_key_values") is not None \
+                or "position_ids" not in inspect.signature(self.forward).parameters or mask.dim() != 2:
+            return kwargs
+        counted = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        steps = torch.arange(mask.shape[1], device=mask.device)
+        shifted = ((counted != steps) & mask.bool()).any(dim=-1, keepdim=True)
+        if not bool(shifted.any()):
+            return kwargs
+        return kwargs | {"position_ids": torch.where(shifted, counted, steps.expand_as(counted))}
+
+    def _text_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", None)
         padding_side = kwargs.pop("padding_side", None)

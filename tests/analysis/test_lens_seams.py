@@ -175,3 +175,34 @@ def test_generate_follows_tl_s_defaults_not_generation_config_json(built, family
     with torch.no_grad():
         assert torch.equal(greedy, bridge.generate(prompt, temperature=0, max_new_tokens=6, stop_at_eos=False,
                                                    verbose=False, use_past_kv_cache=False))
+
+
+# ---- left padding --------------------------------------------------------------------------------------------------
+
+
+@each_family
+def test_a_left_padded_row_reads_the_positions_it_reads_alone_as_on_the_bridge(built, family):
+    """TL's bridge counts a left-padded row's positions from its first token, so it gives the logits of the text
+    alone; ours gave GPT-2's short row the positions of its padded columns (logits off by up to 8). Rotary
+    families shift too (the bridge hands transformers the same positions), and so does run_with_cache."""
+    _, ours, bridge, _ = built(family)
+    texts = [SHORT, TEXTS[1]]
+    with torch.no_grad():
+        batch = ours(texts, padding_side="left")
+        theirs = bridge(texts, padding_side="left")
+        for row, text in enumerate(texts):
+            alone = ours(text)[0]
+            width = alone.shape[0]
+            close(batch[row, -width:], alone, atol=1e-4)
+            close(batch[row, -width:], theirs[row, -width:], atol=1e-4)
+        logits, cache = ours.run_with_cache(texts, padding_side="left")
+        assert torch.equal(logits, batch)
+        resid = cache["blocks.1.hook_resid_pre"]
+        _, their_cache = bridge.run_with_cache(texts, padding_side="left")
+        width = ours(SHORT).shape[1]
+        close(resid[0, -width:], their_cache["blocks.1.hook_resid_pre"][0, -width:], atol=1e-4)
+        # right padding, and token ids without a mask (every column a token, as on the bridge), change nothing
+        right = ours(texts, padding_side="right")
+        close(right[0, :width], ours(SHORT)[0], atol=1e-4)
+        tokens = ours.to_tokens(texts, padding_side="left")
+        close(ours(tokens), bridge(tokens), atol=1e-4)
