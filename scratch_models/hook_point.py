@@ -56,9 +56,9 @@ class HookPoint(nn.Module):
     @property
     def computed(self) -> bool:
         """Whether the layer makes this point's tensor on this call: someone listens, or the point is made
-        `always` (a model loaded with transformer_lens=True sets it on its attention's scores and probabilities and
-        its norms' scale and normalized stream, so a call with a cache or hooks takes the path a plain call takes
-        and gives its logits bitwise, as TransformerLens' bridge does)."""
+        `always` (a model loaded with transformer_lens=True sets it on its attention's scores and probabilities, so
+        a call with a cache or attention hooks takes the path a plain call takes and gives its logits bitwise, as
+        TransformerLens' bridge does)."""
         return self.always or self.fn is not None
 
     @property

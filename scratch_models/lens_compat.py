@@ -35,7 +35,6 @@ import torch.nn.functional as F
 
 from .hook_point import HookPoint
 from .lens_names import Resolved
-from .parts.norms import Norm
 from .outputs import logits_of
 
 RETURN_TYPES = ("output", "logits", "loss", "both", "predictions", None)
@@ -147,15 +146,19 @@ class TransformerLensMixin:
     def use_transformer_lens(self) -> None:
         """TransformerLens' conventions as this model's defaults (what from_pretrained(transformer_lens=True)
         calls): a call returns the logits (a base model, which has none, its output), text gets a BOS token as
-        TL's TransformerBridge gives the family one (LensTable.prepend_bos), caches and hook_dict use TL's names."""
+        TL's TransformerBridge gives the family one (LensTable.prepend_bos), caches and hook_dict use TL's names;
+        where TL's meaning differs from transformers', TL's: every call takes the explicit attention (its logits then
+        bitwise the same with or without a cache or attention hooks), a left-padded row counts its positions from its first
+        token (lens_positions), and generate reads no generation config (README, "Coming from TransformerLens")."""
         table = self.lens_table()
         self.default_return_type = "output" if type(self) is self.family.base else "logits"
         self.default_prepend_bos = table.prepend_bos
         self.transformer_lens = True
-        # every call down the path a cache or a hook takes (explicit attention, norms step by step), so that neither
-        # changes a bit of the logits, as in TL's bridge
+        # every call down the explicit attention, the path a cache or an attention hook takes, so that neither
+        # changes a bit of the logits, as in TL's bridge (whose attention is explicit too; its norms are fused, as
+        # ours, unless a hook edits hook_scale or hook_normalized)
         for module in self.modules():
-            for name in ("scale", "normalized") if isinstance(module, Norm) else ("scores", "probs"):
+            for name in ("scores", "probs"):
                 point = module._modules.get(name)
                 if isinstance(point, HookPoint):
                     point.always = True
@@ -197,10 +200,11 @@ class TransformerLensMixin:
     # ---- calls ----------------------------------------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs) \
-                and not self.transformer_lens:
+        if self.default_return_type == "output" and not (_CALL_OPTIONS & kwargs.keys() or _is_text(args, kwargs)
+                                                         or self.transformer_lens):
             # hooks added TL's way may show a tensor with a row per sequence where ours holds one for all
-            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_attached_hooks") else None
+            hooked = self.__dict__.get("_attached_hooks")
+            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if hooked else None
             return super().__call__(*args, **kwargs)
         return_type = kwargs.pop("return_type", self.default_return_type)
         per_token = kwargs.pop("loss_per_token", False)
@@ -285,10 +289,12 @@ class TransformerLensMixin:
         (0 at its first token, left padding at 0), so it reads the positions it would read alone; the other rows keep
         0, 1, 2, ... transformers' forward does not shift them (its generate does): this is the TL dialect's. Not
         after a KV cache (generate gives its own)."""
-        arguments = inspect.signature(self.forward).bind_partial(*args, **kwargs).arguments
+        taken = inspect.signature(self.forward).parameters  # kwargs hold the call's own options too (return_type)
+        arguments = inspect.signature(self.forward).bind_partial(
+            *args, **{name: value for name, value in kwargs.items() if name in taken}).arguments
         mask = arguments.get("attention_mask")
         if mask is None or arguments.get("position_ids") is not None or arguments.get("past_key_values") is not None \
-                or "position_ids" not in inspect.signature(self.forward).parameters or mask.dim() != 2:
+                or "position_ids" not in taken or mask.dim() != 2:
             return kwargs
         counted = (mask.long().cumsum(-1) - 1).clamp(min=0)
         steps = torch.arange(mask.shape[1], device=mask.device)

@@ -14,8 +14,7 @@ the norm's output less its bias (`frozen`): what direct logit attribution and `a
 Two opt-in hook points, `scale` (the divisor, [.., s, 1]) and `normalized` (before the gain), hold TransformerLens'
 `hook_scale` and `hook_normalized`. With nobody listening the norm runs its one fused formula; with a listener it
 is computed step by step through them (so an edit of either reaches the output), which rounds differently by about
-one unit in the last place. A model loaded with transformer_lens=True takes the step-by-step path on every call
-(HookPoint.always), so a hook there changes no other bit.
+one unit in the last place.
 """
 
 import torch
@@ -44,7 +43,7 @@ class Norm(nn.Module):
                                     "the weight; TransformerLens' hook_normalized", opt_in=True)
 
     def forward(self, x):
-        if not (self.scale.computed or self.normalized.computed):
+        if not (self.scale.active or self.normalized.active):
             return self.fused(x)
         wide = _at_least_float32(x)
         divisor = self.scale(self.divisor(wide))
