@@ -147,9 +147,10 @@ class TransformerLensMixin:
         """TransformerLens' conventions as this model's defaults (what from_pretrained(transformer_lens=True)
         calls): a call returns the logits (a base model, which has none, its output), text gets a BOS token as
         TL's TransformerBridge gives the family one (LensTable.prepend_bos), caches and hook_dict use TL's names;
-        where TL's meaning differs from transformers', TL's: every call takes the explicit attention (its logits then
-        bitwise the same with or without a cache or attention hooks), a left-padded row counts its positions from its first
-        token (lens_positions), and generate reads no generation config (README, "Coming from TransformerLens")."""
+        where TL's meaning differs from transformers', TL's: every call takes the explicit attention (its logits
+        then bitwise the same with or without a cache or attention hooks), a left-padded row counts its positions
+        from its first token (lens_positions), and generate reads no generation config (README, "Coming from
+        TransformerLens")."""
         table = self.lens_table()
         self.default_return_type = "output" if type(self) is self.family.base else "logits"
         self.default_prepend_bos = table.prepend_bos
