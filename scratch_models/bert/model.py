@@ -140,7 +140,8 @@ class BertEncoder(nn.Module):
             x, probs = layer(x, mask, need_probs)
             if keep_hidden:
                 hidden_states.append(x)
-            attentions.append(probs)
+            if need_probs:  # a model that always takes the explicit path has probs on every call
+                attentions.append(probs)
         return x, hidden_states, attentions
 
 

@@ -115,7 +115,8 @@ class CausalDecoder(PretrainedModel):
             x, probs = layer(x, step)
             if output_hidden_states:
                 hidden_states.append(x)
-            attentions.append(probs)
+            if output_attentions:  # a model that always takes the explicit path has probs on every call
+                attentions.append(probs)
         if cache is not None:
             cache.advance(seq)
         x = self.ln_f(self.norm_f(x))

@@ -244,8 +244,10 @@ class GenerationMixin:
 
         What a call leaves unsaid comes from `model.generation_config`, read from the checkpoint as transformers
         reads it (generation_config.json, else config.json), with transformers' defaults for the rest (greedy, 20
-        new tokens, and top_k=50, temperature 1.0, top_p 1.0 when sampling); for a model loaded with
-        transformer_lens=True, TransformerLens' defaults instead (sampling, 10 new tokens, no top-k or top-p).
+        new tokens, and top_k=50, temperature 1.0, top_p 1.0 when sampling). A model loaded with
+        transformer_lens=True follows TransformerLens' generate instead, which reads no generation config: TL's
+        defaults (sampling at temperature 1.0, 10 new tokens, no top-k or top-p), config.json's end token (else the
+        tokenizer's), and `temperature=0` is greedy (TL's sampler takes the argmax).
 
         TransformerLens' way too: a text or a list of texts (positionally or as `input`) is tokenized as
         `to_tokens` does (`prepend_bos`; a batch padded on the left with its attention mask) and `return_type`
@@ -295,15 +297,17 @@ class GenerationMixin:
         return texts[0] if isinstance(prompt, str) or len(texts) == 1 else texts  # TransformerLens' bridge's way
 
     def _generation_settings(self, prompt_len: int, **given) -> dict:
-        """The decoding settings of a call: what it gives, else the generation config's, else the defaults
-        (transformers', or TransformerLens' for a model loaded with transformer_lens=True)."""
-        config = self.generation_config
+        """The decoding settings of a call: what it gives, else the generation config's, else transformers'
+        defaults. A model loaded with transformer_lens=True reads no generation config, as TransformerLens does:
+        TL's defaults, config.json's end token (else the tokenizer's), and temperature 0 is greedy."""
+        lens = getattr(self, "transformer_lens", False)
+        config = self._lens_generation_config() if lens else self.generation_config
         if config.unsupported:
             settings = ", ".join(f"{name}={value!r}" for name, value in config.unsupported.items())
             raise ValueError(f"{config.source} sets {settings}, which generate does not implement (transformers "
                              "would apply it, so the tokens would differ): clear model.generation_config.unsupported "
                              "to generate without it")
-        defaults = LENS_DEFAULTS if getattr(self, "transformer_lens", False) else TRANSFORMERS_DEFAULTS
+        defaults = LENS_DEFAULTS if lens else TRANSFORMERS_DEFAULTS
         settings = {}
         for name, value in given.items():
             if value is FROM_CONFIG:
@@ -319,14 +323,29 @@ class GenerationMixin:
             elif defaults is TRANSFORMERS_DEFAULTS:  # transformers' default length stops at the position table
                 limit, _ = self.table_size("position_ids")
                 settings["max_new_tokens"] = max(1, min(settings["max_new_tokens"], limit - prompt_len))
+        if lens and settings["temperature"] == 0:  # TL's sampler: temperature 0 is the argmax
+            settings["do_sample"] = False
         settings["configured_eos"] = given["eos_token_id"] is FROM_CONFIG
+        settings["configured_pad"] = config.pad_token_id
         return settings
+
+    def _lens_generation_config(self) -> GenerationConfig:
+        """What TransformerLens' generate reads of a checkpoint: its end token, config.json's (the bridge copies it
+        into cfg.eos_token_id), else the tokenizer's; nothing of generation_config.json. A stopped row is filled
+        with the end token, as TL fills it."""
+        eos = getattr(self.config, "eos_token_id", None)
+        if eos is None and self.tokenizer is not None:
+            try:
+                eos = self.tokenizer.eos_token_id
+            except ValueError:  # a checkpoint without tokenizer files
+                eos = None
+        return GenerationConfig(eos_token_id=eos, source="TransformerLens' defaults")
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, max_new_tokens: int,
                   do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, eos_token_id,
-                  configured_eos: bool, pad_token_id: int | None, generator: torch.Generator | None,
-                  streamer, repetition_penalty: float, no_repeat_ngram_size: int, min_new_tokens: int | None,
-                  min_length: int, min_p: float | None, typical_p: float) -> torch.Tensor:
+                  configured_eos: bool, configured_pad: int | None, pad_token_id: int | None,
+                  generator: torch.Generator | None, streamer, repetition_penalty: float, no_repeat_ngram_size: int,
+                  min_new_tokens: int | None, min_length: int, min_p: float | None, typical_p: float) -> torch.Tensor:
         config = self.config
         check_ids("input_ids", input_ids, config.vocab_size, "vocab_size")
         batch, prompt_len = input_ids.shape
@@ -339,8 +358,7 @@ class GenerationMixin:
         if min_new_tokens is not None:  # transformers: it wins, counted after the prompt's width
             min_length = prompt_len + min_new_tokens
         padding = (attention_mask != 0).int().argmax(dim=1)  # each row's left padding
-        eos, pad = _stop_tokens(eos_token_id, configured_eos, pad_token_id, self.generation_config.pad_token_id,
-                                config.vocab_size)
+        eos, pad = _stop_tokens(eos_token_id, configured_eos, pad_token_id, configured_pad, config.vocab_size)
         if eos is not None:
             eos = torch.tensor(eos, dtype=torch.long, device=input_ids.device)
         # Positions count a row's real tokens, so a left-padded prompt starts at position 0 like an unpadded one;

@@ -14,7 +14,7 @@ names, one given our way (`hooks`, `names`) about ours.
 import contextlib
 import difflib
 import inspect
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 from torch import nn
@@ -27,6 +27,19 @@ from .activation_cache import ActivationCache, glob
 
 HookFn = Callable[[torch.Tensor, str], "torch.Tensor | None"]
 Target = tuple[str, Callable]  # (our hook point, fn(tensor, point name) -> replacement or None)
+
+
+class _Attached(NamedTuple):
+    """A listener on our hook point `point`: `name` is what it was attached by (a name or a predicate), `direction`
+    "fwd" or "bwd"; `run` the run or `with` block it ends with, None for one that stays until reset_hooks()."""
+
+    point: str
+    fn: Callable
+    name: object
+    direction: str
+    permanent: bool = False
+    run: object = None
+
 
 # TransformerLens' switches (model.set_use_attn_result(True), ...) of the opt-in hook points they turn on for TL's
 # filters: TL name ending -> switch. (The switched-on copies of the stream, scratch_models.lens.forks, name theirs.)
@@ -115,33 +128,26 @@ class HookedModel(nn.Module):
         error naming the hook point), or None to leave the tensor as it is. A name is ours or TransformerLens'
         (the tensor then comes in TL's layout, and goes back in ours); a predicate on our names attaches `fn`
         wherever it holds. TransformerLens' way too: `fwd_hooks` / `bwd_hooks` as in `run_with_hooks`
-        (a backward hook fires on a backward pass run inside the block), and `reset_hooks_end` removes the hooks
-        `add_hook` attached, at the end.
+        (a backward hook fires on a backward pass run inside the block). Hooks attached before (`add_hook`) stay
+        as they are; `reset_hooks_end=False` leaves this block's hooks attached after it, as `add_hook` would,
+        until `reset_hooks()` (TransformerLens' semantics).
         """
-        targets = [*self._targets(hooks, lens=False), *self._targets(fwd_hooks, lens=True),
-                   *self._targets(bwd_hooks, lens=True, backward=True)]
-        try:
-            with self._attached(targets):
-                yield self
-        finally:
-            if reset_hooks_end:
-                self.reset_hooks()
+        with self._attached(self._call_hooks(hooks, fwd_hooks, bwd_hooks),
+                            kept=None if reset_hooks_end else lambda: self._call_hooks(hooks, fwd_hooks, bwd_hooks)):
+            yield self
 
     def run_with_hooks(self, *args, hooks: Iterable[tuple[str, HookFn]] = (), fwd_hooks=(), bwd_hooks=(),
                        reset_hooks_end: bool = True, **kwargs):
         """Run forward with `hooks` attached (see `hooks`). TransformerLens' way too: `fwd_hooks` [(name or
         predicate on TL's names, fn(tensor, hook))], `bwd_hooks` the same on each tensor's gradient, called
-        during a later backward pass; `reset_hooks_end` removes the hooks `add_hook` attached, at the end."""
+        during a later backward pass. Hooks attached before (`add_hook`) run first and stay;
+        `reset_hooks_end=False` leaves this call's hooks attached after it, until `reset_hooks()`."""
         args, kwargs = self.call_inputs(args, kwargs)
-        batch = self.batch_size(args, kwargs)
-        targets = [*self._targets(hooks, lens=False, batch=batch), *self._targets(fwd_hooks, lens=True, batch=batch),
-                   *self._targets(bwd_hooks, lens=True, backward=True, batch=batch)]
-        try:
-            with self._attached(targets):
-                return self(*args, **kwargs)
-        finally:
-            if reset_hooks_end:
-                self.reset_hooks()
+        attached = self._call_hooks(hooks, fwd_hooks, bwd_hooks, self.batch_size(args, kwargs))
+        # hooks kept are made again without this call's batch size: they show each later call's (_batch)
+        with self._attached(attached, kept=None if reset_hooks_end else lambda: self._call_hooks(hooks, fwd_hooks,
+                                                                                                 bwd_hooks)):
+            return self(*args, **kwargs)
 
     def run_with_cache(self, *args, names=None, names_filter=None, hooks: Iterable[tuple[str, HookFn]] = (),
                        fwd_hooks=(), bwd_hooks=(), incl_bwd: bool = False, metric: Callable | None = None,
@@ -193,20 +199,14 @@ class HookedModel(nn.Module):
             cache[name] = tensor.detach()
             return replacement
 
-        # the user's hooks first, so the cache holds the tensors they edited
-        batch = self.batch_size(args, kwargs)
-        targets = [*start, *self._targets(hooks, lens=False, batch=batch),
-                   *self._targets(fwd_hooks, lens=True, batch=batch),
-                   *self._targets(bwd_hooks, lens=True, backward=True, batch=batch),
-                   *((name, store) for name in wanted)]
-        try:
-            with torch.set_grad_enabled(incl_bwd or torch.is_grad_enabled()), self._attached(targets):
-                output = self(*args, **kwargs)
-                if incl_bwd:
-                    cache |= _gradients(metric, output, live)
-        finally:
-            if reset_hooks_end:
-                self.reset_hooks()
+        # the user's hooks first (after start_at_layer's residual), so the cache holds the tensors they edited
+        users = self._call_hooks(hooks, fwd_hooks, bwd_hooks, self.batch_size(args, kwargs))
+        kept = None if reset_hooks_end else lambda: self._call_hooks(hooks, fwd_hooks, bwd_hooks)
+        with torch.set_grad_enabled(incl_bwd or torch.is_grad_enabled()), self._attached(start + users, kept), \
+                self._attached([(name, store) for name in wanted]):
+            output = self(*args, **kwargs)
+            if incl_bwd:
+                cache |= _gradients(metric, output, live)
         activations = activation_cache(self, cache, args, kwargs, lens_keys=lens_chosen(self, names_filter))
         return output, activations.remove_batch_dim() if remove_batch_dim else activations
 
@@ -227,56 +227,79 @@ class HookedModel(nn.Module):
     # ---- TransformerLens' hooks that stay attached ----------------------------------------------------------------
 
     def add_hook(self, name, hook, dir: str = "fwd", is_permanent: bool = False) -> None:
-        """Attach `hook(tensor, hook)` TransformerLens' way until `reset_hooks()` (or the end of a run_with_hooks or
-        run_with_cache with reset_hooks_end, TL's default): `name` is a hook name, ours or TL's, or a predicate on
-        TL's names; `dir` "fwd" or "bwd" (on the gradient). `is_permanent` hooks survive reset_hooks() unless
-        it says including_permanent=True."""
+        """Attach `hook(tensor, hook)` TransformerLens' way until `reset_hooks()`, through any number of calls,
+        run_with_hooks and run_with_cache included (their `reset_hooks_end` removes only the hooks they attached
+        themselves, as in TL): `name` is a hook name, ours or TL's, or a predicate on TL's names; `dir` "fwd" or
+        "bwd" (on the gradient). `is_permanent` hooks survive reset_hooks() unless it says
+        including_permanent=True. Hooks run in the order they were attached, before a run's own."""
         if dir not in ("fwd", "bwd"):
             raise ValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
-        added = self.__dict__.setdefault("_added_hooks", {})
-        points = self.hook_points()
-        for point, fn in self._targets([(name, hook)], lens=True, backward=dir == "bwd"):
-            added.setdefault(point, []).append((fn, is_permanent, name, dir))
-            self._listen_added(points[point], point)
+        added = [_Attached(point, fn, name, dir, is_permanent)
+                 for point, fn in self._targets([(name, hook)], lens=True, backward=dir == "bwd")]
+        self._registry().extend(added)
+        self._relisten(added)
 
-    def reset_hooks(self, including_permanent: bool = False, names: Iterable[str] | None = None,
-                    dir: str = "both") -> None:
-        """Remove the hooks `add_hook` attached (all, or those attached by one of `names`; in `dir` "fwd", "bwd"
-        or "both"), keeping permanent ones unless `including_permanent`."""
-        added = self.__dict__.get("_added_hooks")
-        if not added:
-            return
+    def reset_hooks(self, *, including_permanent: bool = False, direction: str = "both",
+                    names: Iterable[str] | None = None) -> None:
+        """Remove hooks (all, or those attached by one of `names`; in `direction` "fwd", "bwd" or "both"), keeping
+        permanent ones unless `including_permanent`: those `add_hook` attached and a run's kept with
+        `reset_hooks_end=False`, and, called inside a `hooks()` block or a hook, the block's or run's own too, as in
+        TransformerLens. Keyword-only: TL's first positional argument is clear_contexts."""
+        if direction not in ("fwd", "bwd", "both"):
+            raise ValueError(f"direction must be 'fwd', 'bwd' or 'both', got {direction!r}")
         names = None if names is None else set(names)
-        points = self.hook_points()
-        for point in list(added):
-            added[point] = [entry for entry in added[point]
-                            if not ((including_permanent or not entry[1]) and (names is None or entry[2] in names)
-                                    and dir in ("both", entry[3]))]
-            self._listen_added(points[point], point)
-            if not added[point]:
-                del added[point]
-
-    def _listen_added(self, point: HookPoint, name: str) -> None:
-        fns = [fn for fn, *_ in self.__dict__["_added_hooks"].get(name, ())]
-        point.listen(_chain(name, [], fns) if fns else None)
+        registry = self._registry()
+        removed = [entry for entry in registry if (including_permanent or not entry.permanent)
+                   and (names is None or entry.name in names) and direction in ("both", entry.direction)]
+        gone = {id(entry) for entry in removed}
+        registry[:] = [entry for entry in registry if id(entry) not in gone]
+        self._relisten(removed)
 
     # ---- plumbing -------------------------------------------------------------------------------------------------
 
+    def _registry(self) -> list[_Attached]:
+        """Every listener attached now, in the order attached (the order they run in at a point)."""
+        return self.__dict__.setdefault("_attached_hooks", [])
+
+    def _call_hooks(self, hooks, fwd_hooks, bwd_hooks, batch: int | None = None) -> list[_Attached]:
+        """A run's hooks, ours and TransformerLens' (see run_with_hooks), as listeners to attach."""
+        attached = []
+        for pairs, lens, direction in ((hooks, False, "fwd"), (fwd_hooks, True, "fwd"), (bwd_hooks, True, "bwd")):
+            for name, fn in pairs:
+                attached += [_Attached(point, listener, name, direction) for point, listener in
+                             self._targets([(name, fn)], lens=lens, backward=direction == "bwd", batch=batch)]
+        return attached
+
     @contextlib.contextmanager
-    def _attached(self, targets: list[Target]):
-        """Each hook point of `targets` listens to its functions, in order, after whatever already listened."""
-        points = self.hook_points()
-        by_name: dict[str, list] = {}
-        for name, fn in targets:
-            by_name.setdefault(name, []).append(fn)
-        saved = {name: points[name].fn for name in by_name}
+    def _attached(self, targets: list, kept: Callable[[], list[_Attached]] | None = None):
+        """`targets` (_Attached, or (point, fn) pairs) listen, after what is attached already, until the block
+        ends; then what `kept()` gives stays attached until reset_hooks()."""
+        run = object()
+        attached = [(entry if isinstance(entry, _Attached) else _Attached(*entry, name=entry[0], direction="fwd"))
+                    ._replace(run=run) for entry in targets]
+        registry = self._registry()
+        registry.extend(attached)
+        self._relisten(attached)
         try:
-            for name, fns in by_name.items():
-                points[name].listen(_chain(name, ([saved[name]] if saved[name] else []), fns))
             yield self
         finally:
-            for name, fn in saved.items():
-                points[name].listen(fn)
+            registry[:] = [entry for entry in registry if entry.run is not run]
+            staying = kept() if kept is not None else []
+            registry.extend(staying)
+            self._relisten(attached + staying)
+
+    def _relisten(self, changed: Iterable[_Attached]) -> None:
+        """Set the listener of each point in `changed` from what is attached to it now, in the order attached."""
+        names = dict.fromkeys(entry.point for entry in changed)
+        if not names:
+            return
+        points, by_point = self.hook_points(), {}
+        for entry in self._registry():
+            if entry.point in names:
+                by_point.setdefault(entry.point, []).append(entry.fn)
+        for name in names:
+            fns = by_point.get(name)
+            points[name].listen(_chain(name, fns) if fns else None)
 
     def _targets(self, pairs, lens: bool, backward: bool = False, batch: int | None = None) -> list[Target]:
         """(name or predicate, fn) pairs -> (our hook point, fn(tensor, point name)) to attach. `lens`: TL's
@@ -509,10 +532,8 @@ def _forward_arguments(model, kwargs: dict) -> dict:
     return {name: value for name, value in kwargs.items() if name in taken}
 
 
-def _chain(name: str, before: list, fns: list[HookFn]):
+def _chain(name: str, fns: list[HookFn]):
     def run(x):
-        for fn in before:
-            x = fn(x)
         for fn in fns:
             replaced = fn(x, name)
             if replaced is not None:

@@ -34,6 +34,7 @@ import re
 import torch
 import torch.nn.functional as F
 
+from ..parts.hook_point import HookPoint
 from ..parts.outputs import logits_of
 from .names import Resolved, layer_of
 
@@ -67,8 +68,10 @@ class LensHook:
     def add_hook(self, hook, dir: str = "fwd", is_permanent: bool = False) -> None:
         self.model.add_hook(self.name, hook, dir=dir, is_permanent=is_permanent)
 
-    def remove_hooks(self, dir: str = "both", including_permanent: bool = False) -> None:
-        self.model.reset_hooks(including_permanent=including_permanent, names=[self.name], dir=dir)
+    def remove_hooks(self, dir: str = "fwd", including_permanent: bool = False) -> None:
+        """The hooks attached by this name that stay attached, in `dir` ("fwd", TL's HookPoint default, "bwd" or
+        "both"), taken off."""
+        self.model.reset_hooks(including_permanent=including_permanent, names=[self.name], direction=dir)
 
     def __repr__(self) -> str:
         return f"LensHook({self.name!r})"
@@ -167,13 +170,25 @@ class TransformerLensMixin:
     def use_transformer_lens(self) -> None:
         """TransformerLens' conventions as this model's defaults (what from_pretrained(transformer_lens=True)
         calls): a call returns the logits (a base model, which has none, its output), text gets a BOS token as
-        TL's TransformerBridge gives the family one (LensTable.prepend_bos), caches and hook_dict use TL's names."""
+        TL's TransformerBridge gives the family one (LensTable.prepend_bos), caches and hook_dict use TL's names;
+        where TL's meaning differs from transformers', TL's: every call takes the explicit attention (its logits
+        then bitwise the same with or without a cache or attention hooks), a left-padded row counts its positions
+        from its first token (lens_positions), and generate reads no generation config (README, "Coming from
+        TransformerLens")."""
         table = self.lens_table()
         self.default_return_type = "output" if type(self) is self.family.base else "logits"
         self.default_prepend_bos = table.prepend_bos
         self.transformer_lens = True
         if self.tokenizer is not None:  # the tokenizer TL's bridge sets up (scratch_models.registry.tokenizer)
             self.tokenizer.use_transformer_lens()
+        # every call down the explicit attention, the path a cache or an attention hook takes, so that neither
+        # changes a bit of the logits, as in TL's bridge (whose attention is explicit too; its norms are fused, as
+        # ours, unless a hook edits hook_scale or hook_normalized)
+        for module in self.modules():
+            for name in ("scores", "probs"):
+                point = module._modules.get(name)
+                if isinstance(point, HookPoint):
+                    point.always = True
 
     # ---- TransformerLens' switches --------------------------------------------------------------------------------
 
@@ -216,9 +231,11 @@ class TransformerLensMixin:
             args, kwargs, start = self.start_inputs(args, kwargs)
             with self._attached([start]):
                 return self(*args, **kwargs)
-        if self.default_return_type == "output" and not _CALL_OPTIONS & kwargs.keys() and not _is_text(args, kwargs):
+        if self.default_return_type == "output" and not (_CALL_OPTIONS & kwargs.keys() or _is_text(args, kwargs)
+                                                         or self.transformer_lens):
             # hooks added TL's way may show a tensor with a row per sequence where ours holds one for all
-            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if self.__dict__.get("_added_hooks") else None
+            hooked = self.__dict__.get("_attached_hooks")
+            self.__dict__["_call_batch"] = self.batch_size(args, kwargs) if hooked else None
             return super().__call__(*args, **kwargs)
         return_type = kwargs.pop("return_type", self.default_return_type)
         per_token = kwargs.pop("loss_per_token", False)
@@ -326,8 +343,33 @@ class TransformerLensMixin:
     def call_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Text given in place of input_ids (positionally, as `input_ids` or as TL's `input`) turned into token ids
         with the model's tokenizer as to_tokens does it (cut to the model's positions), with `prepend_bos` (default:
-        `default_prepend_bos`) and `padding_side`; texts of different lengths get their attention_mask. Token ids
-        pass as they are (prepend_bos then means nothing, as in TL)."""
+        `default_prepend_bos`) and `padding_side`; texts of different lengths get their attention_mask. Token ids pass as they are (prepend_bos then means nothing,
+        as in TL). In TL's dialect, a row whose attention_mask has padding before a token gets its positions
+        counted over its tokens (lens_positions)."""
+        args, kwargs = self._text_inputs(args, kwargs)
+        return (args, self.lens_positions(args, kwargs)) if self.transformer_lens else (args, kwargs)
+
+    def lens_positions(self, args: tuple, kwargs: dict) -> dict:
+        """kwargs with position_ids as TransformerLens' bridge derives them, where a call gives none: a row of
+        attention_mask with padding before a token (left padding, a gap) counts its positions over its tokens only
+        (0 at its first token, left padding at 0), so it reads the positions it would read alone; the other rows keep
+        0, 1, 2, ... transformers' forward does not shift them (its generate does): this is the TL dialect's. Not
+        after a KV cache (generate gives its own)."""
+        taken = inspect.signature(self.forward).parameters  # kwargs hold the call's own options too (return_type)
+        arguments = inspect.signature(self.forward).bind_partial(
+            *args, **{name: value for name, value in kwargs.items() if name in taken}).arguments
+        mask = arguments.get("attention_mask")
+        if mask is None or arguments.get("position_ids") is not None or arguments.get("past_key_values") is not None \
+                or "position_ids" not in taken or mask.dim() != 2:
+            return kwargs
+        counted = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        steps = torch.arange(mask.shape[1], device=mask.device)
+        shifted = ((counted != steps) & mask.bool()).any(dim=-1, keepdim=True)
+        if not bool(shifted.any()):
+            return kwargs
+        return kwargs | {"position_ids": torch.where(shifted, counted, steps.expand_as(counted))}
+
+    def _text_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         kwargs = dict(kwargs)
         prepend_bos = kwargs.pop("prepend_bos", None)
         padding_side = kwargs.pop("padding_side", None)

@@ -4,7 +4,9 @@
 
 There are two paths that compute the same thing: the explicit one, which materialises the scores and
 probabilities so they can be read or edited through hook points, and torch's fused
-`scaled_dot_product_attention`, used when nobody needs them.
+`scaled_dot_product_attention`, used when nobody needs them. Their last bits differ (some 1e-7 relative in
+float32), so a model loaded with transformer_lens=True takes the explicit path on every call (HookPoint.always):
+caching or hooking its attention then changes no bit of the logits, as in TransformerLens.
 
 Grouped-query attention (Ainslie et al., 2023; Llama 2 70B and later, Mistral, Qwen, Gemma): there are fewer key and
 value heads than query heads, and each group of n / n_kv consecutive query heads reads one key/value head. The keys
@@ -93,14 +95,15 @@ def attend(q, k, v, mask: Mask | None, *, scale: float, dropout_p: float, scores
 
     `mask`: a Mask broadcastable to [batch, heads, query, key], or None. `causal`: query i sees keys 0..i only,
     with no mask given (the fused kernel then applies causality itself, and skips the blocked half).
-    `explicit` (or anyone listening on the `scores` / `probs` hook points, or a `softcap`) takes the readable path
-    and returns the probabilities [batch, heads, query, key]; otherwise the fused kernel runs and probs is None.
+    `explicit` (or `scores` / `probs` being computed: listened to, or made `always`; or a `softcap`) takes the
+    readable path and returns the probabilities [batch, heads, query, key]; otherwise the fused kernel runs and probs
+    is None.
     `upcast_softmax`: the explicit path's softmax runs in float32 (at least) and is cast back (as transformers' eager
     attention computes it for GPT-NeoX and the Llama-like families); it changes nothing in float32.
     `softcap`: scores become softcap · tanh(scores / softcap) before the mask (Gemma 2).
     """
     groups = _groups(q, k)
-    if not (explicit or scores.active or probs.active or softcap is not None):
+    if not (explicit or scores.computed or probs.computed or softcap is not None):
         return _fused(q, k, v, mask, scale=scale, dropout_p=dropout_p, causal=causal, groups=groups), None
     if causal:
         mask = causal_mask(None, q.shape[2], 0, q.device)

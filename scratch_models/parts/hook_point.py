@@ -17,6 +17,8 @@ class HookPoint(nn.Module):
     after each TL name of that point."""
 
     spliced = None  # a module run on the tensor before any listener (see `splice`)
+    # the path that makes this point's tensor runs on every call, listened to or not (see `computed`)
+    always = False
 
     def __init__(self, dims: str, doc: str, opt_in: bool = False, lens: str | None = None):
         super().__init__()
@@ -52,6 +54,14 @@ class HookPoint(nn.Module):
         """Whether anything reads this point's tensor: a listener, or a module spliced in (an opt-in point is then
         computed, as TransformerLens' switch would make it)."""
         return self.fn is not None or self.spliced is not None
+
+    @property
+    def computed(self) -> bool:
+        """Whether the layer makes this point's tensor on this call: someone listens, or the point is made
+        `always` (a model loaded with transformer_lens=True sets it on its attention's scores and probabilities, so
+        a call with a cache or attention hooks takes the path a plain call takes and gives its logits bitwise, as
+        TransformerLens' bridge does)."""
+        return self.always or self.fn is not None
 
     @property
     def described(self) -> str:

@@ -512,16 +512,17 @@ def test_hooks_as_a_context_takes_tl_s_fwd_and_bwd_hooks(built, family):
         inside = ours(tokens)
         inside[:, -1].logsumexp(-1).sum().backward()
     assert len(grads) == 1 and grads[0].shape == (*tokens.shape, ours.cfg.d_model)
-    assert not ours.__dict__.get("_added_hooks")  # reset_hooks_end, TL's default, removed the added hook
     with torch.no_grad():
         assert_parity(inside, ours.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero)]), "logits",
                       **forwards(ours))
-        assert not torch.allclose(inside, ours(tokens), atol=1e-3)  # the hooks went with the block
-    ours.add_hook("blocks.0.hook_resid_post", lambda x, hook: None)
-    with ours.hooks(fwd_hooks=[], reset_hooks_end=False):
-        pass
-    assert ours.__dict__.get("_added_hooks")
-    ours.reset_hooks()
+        assert not torch.allclose(inside, ours(tokens), atol=1e-3)  # the block's hooks went with it
+        assert ours.__dict__.get("_attached_hooks")  # the one added before stays, as in TL
+        ours.reset_hooks()
+        with ours.hooks(fwd_hooks=[("blocks.1.attn.hook_z", zero)], reset_hooks_end=False):
+            pass
+        assert_parity(inside, ours(tokens), "logits", **forwards(ours))  # kept after the block, until reset_hooks()
+        ours.reset_hooks()
+        assert not ours.__dict__.get("_attached_hooks")
     ours.zero_grad()
 
 
