@@ -49,13 +49,20 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
                 "from (dtype= casts that one while loading)")
     elif isinstance(raw.get("model_type"), str) and raw["model_type"] in NOT_BUILT:  # a wrong kind: said later
         what = f"model_type {raw['model_type']!r} is {NOT_BUILT[raw['model_type']]}"
-    elif _counts(raw, "num_local_experts", "num_experts", "n_routed_experts"):
+    elif not _builds_experts(raw.get("model_type")) and _counts(raw, "num_local_experts", "num_experts",
+                                                                "n_routed_experts"):
         what = "a mixture of experts (config.json counts several experts per layer)"
     elif any(key in raw for key in ("vision_config", "audio_config")):
         what = f"a multimodal model (config.json has a {next(k for k in ('vision_config', 'audio_config') if k in raw)})"
     else:
         return
     raise CheckpointError(f"{config_path}: {what}, which none of the families here builds; supported: {supported}")
+
+
+def _builds_experts(model_type) -> bool:
+    """Whether a registered family of this model_type is a mixture of experts (its table has "{e}" rows)."""
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    return family is not None and family.table.experts_field is not None
 
 
 def _counts(raw: dict, *fields: str) -> bool:

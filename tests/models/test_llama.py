@@ -20,7 +20,7 @@ from helpers import (ATOL, LOGITS_ATOL, assert_parity, check_causal_lm, each_dev
                      write_weights)
 from scratch_models import ConfigError, LlamaConfig, LlamaForCausalLM, LlamaModel
 from scratch_models.families import FAMILIES
-from scratch_models_cli.verify import TOLERANCES, verify
+from scratch_models_cli.verify import EXPERTS, TOLERANCES, verify
 from weight_mapping import CheckpointError
 
 LLAMA_LIKE = [name for name, family in FAMILIES.items() if issubclass(family.base, LlamaModel)]
@@ -53,6 +53,14 @@ SMOLLM_135M = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "
                "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
                "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
                "use_cache": True, "vocab_size": 49152}
+
+
+def bitwise_unless_experts(family: str) -> dict:
+    """assert_parity's bounds for our outputs against transformers': 0 (bit for bit), except for a mixture of
+    experts, whose experts transformers computes from a fused gate_up matrix, so its SiLU reads a strided half of
+    that product, a scalar loop that rounds otherwise than the vectorised one ours runs on a dense tensor (ulps):
+    there the project's bounds."""
+    return dict(atol=LOGITS_ATOL) if FAMILIES[family].table.experts_field else dict(atol=0.0, rtol=0.0)
 
 
 def transformers_4_config(directory) -> dict:
@@ -130,13 +138,15 @@ def test_save_pretrained_is_read_back_bitwise_by_transformers(tmp_path, family):
         out = tmp_path / f"out-{cls.__name__}"
         model.save_pretrained(out)
         back, info = getattr(transformers, cls.__name__).from_pretrained(out, output_loading_info=True,
-                                                                        attn_implementation="sdpa")
+                                                                        attn_implementation="sdpa",
+                                                                        experts_implementation=EXPERTS)
         assert not any(info.values()), (cls.__name__, info)
         theirs_state = theirs.state_dict()
         assert all(torch.equal(tensor, theirs_state[key]) for key, tensor in back.state_dict().items())
         with torch.no_grad():
             field = "start_logits" if "QuestionAnswering" in cls.__name__ else "logits"
-            assert torch.equal(back.eval()(**inputs)[field], model(**inputs)[field]), cls.__name__
+            assert_parity(model(**inputs)[field], back.eval()(**inputs)[field], cls.__name__,
+                          **bitwise_unless_experts(family))
     legacy = tmp_path / "legacy"
     declared.lm.from_pretrained(tmp_path / f"out-{declared.lm.__name__}").save_pretrained(legacy, legacy=True)
     from safetensors import safe_open
@@ -287,8 +297,13 @@ def test_float32_report_is_bitwise_on_every_row(tmp_path, family):
     report = verify(str(tmp_path), inputs=padded_batch(family))
     assert report.passed, report.format()
     names = [c.name for c in report.rows]
-    assert "layers.1.attn.probs" in names and "layers.1.mlp.up" in names and "ln_f" in names
-    assert max(c.max_abs for c in report.rows) == 0.0
+    assert "layers.1.attn.probs" in names and "ln_f" in names
+    if FAMILIES[family].table.experts_field is None:
+        assert "layers.1.mlp.up" in names and max(c.max_abs for c in report.rows) == 0.0
+    else:  # bitwise up to the first mixture's output (see bitwise_unless_experts), its routing bitwise everywhere
+        first = next(n for n, name in enumerate(names) if name.endswith("mlp.routing_weights")) + 1
+        assert max(c.max_abs for c in report.rows[:first]) == 0.0, report.format()
+        assert all(c.max_abs == 0.0 for c in report.rows if c.name.endswith("mlp.chosen")), report.format()
 
 
 # ---------------------------------------------------------------------------------------------------- config
