@@ -8,7 +8,7 @@ from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, embedded_
 
 from .family import Family, architectures
 
-FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2")
+FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral")
 
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}
@@ -17,7 +17,6 @@ FAMILIES: dict[str, Family] = {family.name: family for family in
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
 # refusal says it (a mixture of experts, Gemma 3, a model that also reads images), rather than "not supported" alone
 NOT_BUILT = {
-    "mixtral": "Mixtral, a mixture of experts (each layer's MLP is several experts, a router picking some per token)",
     "qwen2_moe": "Qwen2-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token, "
                  "and a shared expert)",
     "qwen3_moe": "Qwen3-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token)",

@@ -227,7 +227,6 @@ QUANTIZED = {"gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "des
              "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"},
              "bitsandbytes": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 NOT_BUILT = {
-    "Mixtral": (dict(model_type="mixtral", num_local_experts=8), "Mixtral, a mixture of experts"),
     "Qwen2-MoE": (dict(model_type="qwen2_moe", num_experts=60), "Qwen2-MoE, a mixture of experts"),
     "Qwen3-MoE": (dict(model_type="qwen3_moe", num_experts=128), "Qwen3-MoE, a mixture of experts"),
     "Gemma 3": (dict(model_type="gemma3", vision_config={}), "Gemma 3, a multimodal model"),
