@@ -8,7 +8,7 @@ from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, embedded_
 
 from .family import Family, architectures
 
-FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral")
+FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe")
 
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}
@@ -19,7 +19,6 @@ FAMILIES: dict[str, Family] = {family.name: family for family in
 NOT_BUILT = {
     "qwen2_moe": "Qwen2-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token, "
                  "and a shared expert)",
-    "qwen3_moe": "Qwen3-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token)",
     "gemma3": "Gemma 3, a multimodal model (a vision tower beside its language model)",
     "gemma3_text": "Gemma 3's language model (local sliding-window layers with a rotary base of their own between "
                    "global ones, norms on queries and keys)",

@@ -228,7 +228,6 @@ QUANTIZED = {"gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "des
              "bitsandbytes": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 NOT_BUILT = {
     "Qwen2-MoE": (dict(model_type="qwen2_moe", num_experts=60), "Qwen2-MoE, a mixture of experts"),
-    "Qwen3-MoE": (dict(model_type="qwen3_moe", num_experts=128), "Qwen3-MoE, a mixture of experts"),
     "Gemma 3": (dict(model_type="gemma3", vision_config={}), "Gemma 3, a multimodal model"),
     "LLaVA": (dict(model_type="llava", vision_config={}), "LLaVA, a multimodal model"),
     "Qwen2-VL": (dict(model_type="qwen2_vl", vision_config={}), "Qwen2-VL, a multimodal model"),
