@@ -19,6 +19,8 @@ FAMILIES: dict[str, Family] = {family.name: family for family in
 NOT_BUILT = {
     "qwen2_moe": "Qwen2-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token, "
                  "and a shared expert)",
+    "gpt_oss": "GPT-OSS, a mixture of experts not built here (a router with a bias, clamped SwiGLU experts, attention "
+               "sinks, alternating sliding windows; the released files store the experts in MXFP4)",
     "gemma3": "Gemma 3, a multimodal model (a vision tower beside its language model)",
     "gemma3_text": "Gemma 3's language model (local sliding-window layers with a rotary base of their own between "
                    "global ones, norms on queries and keys)",
