@@ -22,14 +22,15 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, act: str, *, bias: bool = False,
                  act_field: str = "hidden_act", tokens: str = "b, s"):
         super().__init__()
-        expert = "" if tokens == "b, s" else " (the tokens routed to this expert)"
+        dense = tokens == "b, s"
+        expert = "" if dense else " (the tokens routed to this expert)"
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.pre_act = HookPoint(f"{tokens}, m", f"the gate's pre-activation (gate_proj){expert}; TransformerLens' "
-                                 "hook_pre")
+        self.pre_act = HookPoint(f"{tokens}, m", f"the gate's pre-activation (gate_proj){expert}"
+                                 + ("; TransformerLens' hook_pre" if dense else ""))
         self.act = get_activation(act, act_field)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up = HookPoint(f"{tokens}, m", f"the linear branch (up_proj) the activated gate multiplies{expert}; "
-                            "TransformerLens' hook_pre_linear")
+        self.up = HookPoint(f"{tokens}, m", f"the linear branch (up_proj) the activated gate multiplies{expert}"
+                            + ("; TransformerLens' hook_pre_linear" if dense else ""))
         self.post_act = HookPoint(f"{tokens}, m", f"MLP neurons: the activated gate times the linear branch{expert}")
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.proj = HookPoint(f"{tokens}, h", f"the MLP's output (down_proj){expert}")
