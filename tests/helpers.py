@@ -21,9 +21,13 @@ from safetensors.torch import save_file
 from torch import nn
 
 from scratch_models.registry.families import FAMILIES
+from scratch_models_cli.verify import EXPERTS
 
 
 each_family = pytest.mark.parametrize("family", list(FAMILIES))
+# the families that declare TransformerLens' names (Family.transformer_lens); the others refuse them, saying so
+LENS_FAMILIES = [name for name, family in FAMILIES.items() if family.transformer_lens is not None]
+each_lens_family = pytest.mark.parametrize("family", LENS_FAMILIES)
 # CPU always; CUDA where there is one, so a GPU machine runs every test marked with it on both
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                 reason="no CUDA device on this machine"))]
@@ -79,27 +83,33 @@ def reference(family: str, class_name: str | None = None, *, attention: str = "e
               seed: int = 0, **changes):
     """transformers' class `class_name` (default: the family's LM) built from the family's tiny config with
     `changes`, in eval mode, with `attention` ("eager" returns probabilities, "sdpa" is transformers' default, or
-    what stands for it where the class has none: fused_attention); weights redrawn with `std` (None: as
-    initialised)."""
+    what stands for it where the class has none: fused_attention), a mixture's experts on transformers' reference
+    loop (verify.EXPERTS); weights redrawn with `std` (None: as initialised)."""
     declared = FAMILIES[family]
     import transformers
 
     config = getattr(transformers, declared.config_class.__name__)(**declared.tiny(**changes).to_dict())
     torch.manual_seed(seed)
     cls = getattr(transformers, class_name or declared.lm.__name__)
-    model = cls._from_config(config, attn_implementation=fused_attention(cls) if attention == "sdpa" else attention)
+    model = cls._from_config(config, attn_implementation=fused_attention(cls) if attention == "sdpa" else attention,
+                             experts_implementation=EXPERTS)
     return (randomize_(model, std, seed) if std else model).eval()
 
 
 def save(model, directory: Path, layout: str = "transformers") -> Path:
     """Write a transformers `model` into `directory`: "transformers" as its save_pretrained writes it, or its full
-    state dict (tied tensors included) as one "safetensors" or "bin" file, or as three "sharded" safetensors."""
+    state dict (tied tensors included; a mixture's experts one key per expert, as save_pretrained names them) as one
+    "safetensors" or "bin" file, or as three "sharded" safetensors."""
     if layout == "transformers":
         model.save_pretrained(directory)
         return directory
     model.config.save_pretrained(directory)
-    write_weights(model.state_dict(), directory, "bin" if layout == "bin" else "safetensors",
-                  shards=3 if layout == "sharded" else 1)
+    state = model.state_dict()
+    if any(".experts." in key for key in state):  # a mixture's experts, fused in transformers 5's modules: per
+        from transformers.core_model_loading import revert_weight_conversion  # expert, as the files hold them
+
+        state = revert_weight_conversion(model, state)
+    write_weights(state, directory, "bin" if layout == "bin" else "safetensors", shards=3 if layout == "sharded" else 1)
     return directory
 
 

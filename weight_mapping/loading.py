@@ -54,8 +54,9 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, torch.Size], num_layers: int,
                *, model_name: str, tied: bool = True, twins: dict[str, bool] | None = None,
                base_names: Callable[[], Iterable[str]] = frozenset, dtype: torch.dtype | None = None,
-               device=None) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
-    """Our tensor name -> tensor for every name in `expected`, read from `checkpoint` through `table`.
+               device=None, num_experts: int = 0) -> tuple[dict[str, torch.Tensor], LoadingInfo]:
+    """Our tensor name -> tensor for every name in `expected`, read from `checkpoint` through `table` (its "{e}"
+    rows for `num_experts` experts a layer).
 
     Every tensor of the file is loaded, skipped for a reason `LoadingInfo.ignored` gives, or named in the error.
     Skipped, as transformers skips them (it loads the rest and warns): a buffer the table lists (`ignored`), a tied
@@ -79,7 +80,7 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
     returned then. Without `dtype`, every tensor must be stored in the same dtype (a model of mixed dtypes would
     fail at its first matmul).
     """
-    ours_by_checkpoint = table.tensor_names(num_layers)
+    ours_by_checkpoint = table.tensor_names(num_layers, num_experts)
     skipped = table.ignored_keys(num_layers)
     keys = checkpoint.keys()
     normalized = {key: table.normalize(key) for key in keys}
@@ -109,9 +110,12 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
                 notes.append(f"config.json ties {key} to {key_of[aliases[name]]}, but the file holds two different "
                              "tensors: loaded untied, as transformers 5 does")
         elif target is None and name not in twin_of:
-            layer = per_layer.fullmatch(name)
-            unexpected[key] = (f"layer {layer[layer.lastindex]}, past config.json's {table.layers_field}={num_layers}"
-                               if layer else f"no row of the {table.family} table names it")
+            layer, expert = per_layer.fullmatch(name), _expert_of(table, name)
+            unexpected[key] = (
+                f"expert {expert}, past config.json's {table.experts_field}={num_experts}" if expert is not None
+                and expert >= num_experts and int(layer[layer.lastindex]) < num_layers else
+                f"layer {layer[layer.lastindex]}, past config.json's {table.layers_field}={num_layers}"
+                if layer else f"no row of the {table.family} table names it")
         else:
             spare.append(key)
     for name, twin in twin_of.items():  # a tied tensor the file lacks is its twin (a safetensors save keeps one)
@@ -119,7 +123,7 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         if target in expected and target not in sources and twin in key_of:
             sources[target] = key_of[twin]
     used = set(sources.values())
-    place = _Place(table, num_layers, expected, base_names)
+    place = _Place(table, num_layers, num_experts, expected, base_names)
     for key in spare:
         name = normalized[key]
         if key in used:
@@ -135,8 +139,8 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
     misshaped = [(key, checkpoint.shape(key), tuple(expected[name])) for name, key in sources.items()
                  if checkpoint.shape(key) != tuple(expected[name])]
     if missing or unexpected or misshaped:
-        raise CheckpointError(_mismatch_message(checkpoint, table, model_name, num_layers, expected, missing,
-                                                unexpected, misshaped))
+        raise CheckpointError(_mismatch_message(checkpoint, table, model_name, num_layers, num_experts, expected,
+                                                missing, unexpected, misshaped))
 
     state = {}
     stored: dict[torch.dtype, str] = {}  # dtype as stored -> the first key stored in it
@@ -180,9 +184,11 @@ class _Place:
     """Why the model has no place for a checkpoint tensor the table maps to a tensor the model lacks, or None where
     it is a part of another class of the family (see load_state)."""
 
-    def __init__(self, table: MappingTable, num_layers: int, expected, base_names: Callable[[], Iterable[str]]):
-        self.ours = table.tensor_names(num_layers)
-        self.head_rows = {f"{row.checkpoint}.{t}" for row in table.expand(num_layers) if row.head for t in row.tensors}
+    def __init__(self, table: MappingTable, num_layers: int, num_experts: int, expected,
+                 base_names: Callable[[], Iterable[str]]):
+        self.ours = table.tensor_names(num_layers, num_experts)
+        self.head_rows = {f"{row.checkpoint}.{t}" for row in table.expand(num_layers, num_experts) if row.head
+                          for t in row.tensors}
         self.held_modules = {name.rpartition(".")[0] for name in expected}
         self._base_names = base_names
         self._base = None
@@ -229,11 +235,24 @@ def _per_layer_keys(table: MappingTable) -> re.Pattern:
     templates = [f"{row.checkpoint}.{leaf}" for row in table.rows if "{i}" in row.checkpoint for leaf in row.tensors]
     templates += [key for key in table.ignored if "{i}" in key]
     return re.compile("|".join(re.escape(t).replace(re.escape("{i}"), "(0|[1-9][0-9]*)")
-                               for t in dict.fromkeys(templates)))
+                               .replace(re.escape("{e}"), "(?:0|[1-9][0-9]*)") for t in dict.fromkeys(templates)))
 
 
-def _mismatch_message(checkpoint, table, model_name, num_layers, expected, missing, unexpected, misshaped) -> str:
-    checkpoint_by_ours = {ours: ckpt for ckpt, ours in table.tensor_names(num_layers).items()}
+def _expert_of(table: MappingTable, name: str) -> int | None:
+    """The expert index of a normalized key that an "{e}" row of `table` names (any layer, any expert), else None."""
+    number = "(0|[1-9][0-9]*)"
+    for row in table.rows:
+        if "{e}" in row.checkpoint:
+            for leaf in row.tensors:
+                pattern = re.escape(f"{row.checkpoint}.{leaf}").replace(re.escape("{i}"), number)
+                if match := re.fullmatch(pattern.replace(re.escape("{e}"), number), name):
+                    return int(match[match.lastindex])
+    return None
+
+
+def _mismatch_message(checkpoint, table, model_name, num_layers, num_experts, expected, missing, unexpected,
+                      misshaped) -> str:
+    checkpoint_by_ours = {ours: ckpt for ckpt, ours in table.tensor_names(num_layers, num_experts).items()}
     lines = [f"{checkpoint.source}: checkpoint does not fit {model_name} "
              f"({table.family} table, {table.layers_field}={num_layers})"]
     if unexpected and not misshaped and len(missing) == len(expected):

@@ -23,15 +23,17 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
 def checkpoint_state(table: MappingTable, state: dict[str, torch.Tensor], num_layers: int, *, prefixed: bool,
-                     legacy: bool = False) -> dict[str, torch.Tensor]:
+                     legacy: bool = False, num_experts: int = 0) -> dict[str, torch.Tensor]:
     """Checkpoint key -> tensor for our state dict `state`.
 
     `prefixed`: base-model keys get the table's base_prefix, as transformers names a model with a head; with
-    `legacy`, the table's legacy_prefixed decides instead. Tensors are passed through, except legacy copies,
-    which are clones (safetensors refuses tensors that share storage). Raises CheckpointError naming any tensor
-    of ours that no row of the table holds.
+    `legacy`, the table's legacy_prefixed decides instead. `num_experts`: how many experts each of the table's
+    "{e}" rows stands for (a mixture's: one key per expert's tensor, as the released files hold them). Tensors are
+    passed through, except legacy copies, which are clones (safetensors refuses tensors that share storage). Raises
+    CheckpointError naming any tensor of ours that no row of the table holds.
     """
-    rows = {f"{row.ours}.{leaf}": (row, leaf) for row in table.expand(num_layers) for leaf in row.tensors}
+    rows = {f"{row.ours}.{leaf}": (row, leaf) for row in table.expand(num_layers, num_experts)
+            for leaf in row.tensors}
     unknown = [name for name in state if name not in rows]
     if unknown:
         raise CheckpointError(f"no row of the {table.family} mapping table holds our tensor(s) {', '.join(unknown)}")

@@ -4,6 +4,10 @@ A `Row` pairs one module of the checkpoint (the module path transformers uses, w
 tensor names) with one module of ours. A row may carry tensors (loaded by leaf name: `{module}.weight`), and may
 be marked `compare`: then the two modules' outputs are compared by the parity report. Weights and compared
 activations come from the same rows, so the parity check hooks exactly the correspondence the loader uses.
+
+In a mixture of experts a row with `{e}` repeats for every expert of every layer (the table's `experts_field` says
+how many there are): the released files hold each expert's tensors under keys of their own, whatever layout a
+version of transformers keeps them in once loaded.
 """
 
 import dataclasses
@@ -22,6 +26,9 @@ class Row:
     boundary: bool = False  # a residual-stream boundary: `verify --isolate` feeds transformers' value onward
     head: bool = False  # a task head: lives outside the base-model prefix and may be absent
     legacy: bool = False  # the original release spells these tensors with the table's legacy_leaf_names
+    # the transformers module's output is [b * s, ...] (a mixture's router flattens the tokens): compared as ours,
+    # [b, s, ...]
+    flattened: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,22 +56,31 @@ class MappingTable:
     # a module whose output is its parent's (its last step) -> that parent ("{i}" for every layer): for naming a
     # point by either module (sparsify names a dictionary's folder by the module it hooked), never compared twice
     same_output: dict = dataclasses.field(default_factory=dict)
+    experts_field: str | None = None  # config field that says how many times "{e}" rows repeat (a mixture's)
 
-    def expand(self, num_layers: int) -> list[Row]:
-        """The rows with "{i}" filled in for every layer, in table order (the last depth's kept: a load asks for
-        them three times, some 800 rows for a 16-layer Llama)."""
+    def num_experts(self, config) -> int:
+        """How many experts each "{e}" row stands for under `config` (0: the table has none)."""
+        return getattr(config, self.experts_field) if self.experts_field else 0
+
+    def expand(self, num_layers: int, num_experts: int = 0) -> list[Row]:
+        """The rows with "{i}" filled in for every layer and "{e}" for every expert, in table order (the last
+        depth's kept: a load asks for them three times, some 800 rows for a 16-layer Llama)."""
         kept = self.__dict__.get("_expanded")
-        if kept is None or kept[0] != num_layers:
+        if kept is None or kept[0] != (num_layers, num_experts):
             rows = []
             for row in self.rows:
-                rows += [_at_layer(row, i) for i in range(num_layers)] if _per_layer(row) else [row]
-            kept = num_layers, tuple(rows)
+                layers = [_at_layer(row, i) for i in range(num_layers)] if _per_layer(row) else [row]
+                rows += [dataclasses.replace(r, checkpoint=r.checkpoint.replace("{e}", str(e)),
+                                             ours=r.ours.replace("{e}", str(e)))
+                         for r in layers for e in range(num_experts)] if "{e}" in row.checkpoint else layers
+            kept = (num_layers, num_experts), tuple(rows)
             object.__setattr__(self, "_expanded", kept)  # not a field: the table stays frozen and compares as before
         return list(kept[1])
 
-    def tensor_names(self, num_layers: int) -> dict[str, str]:
+    def tensor_names(self, num_layers: int, num_experts: int = 0) -> dict[str, str]:
         """checkpoint tensor name (current spelling, no prefix) -> our tensor name."""
-        return {f"{row.checkpoint}.{t}": f"{row.ours}.{t}" for row in self.expand(num_layers) for t in row.tensors}
+        return {f"{row.checkpoint}.{t}": f"{row.ours}.{t}" for row in self.expand(num_layers, num_experts)
+                for t in row.tensors}
 
     def ignored_keys(self, num_layers: int) -> dict[str, str]:
         """`ignored` with "{i}" filled in for every layer: checkpoint key (no prefix) -> why it is skipped."""
@@ -139,4 +155,5 @@ def _per_layer(row: Row) -> bool:
 
 
 def _at_layer(row: Row, i: int) -> Row:
-    return dataclasses.replace(row, checkpoint=row.checkpoint.format(i=i), ours=row.ours.format(i=i))
+    return dataclasses.replace(row, checkpoint=row.checkpoint.replace("{i}", str(i)),
+                               ours=row.ours.replace("{i}", str(i)))

@@ -24,6 +24,7 @@ from ..parts.attention import Mask, causal_mask, nothing_padded, soft_cap
 from ..parts.hook_point import HookPoint
 from ..parts.inputs import check_ids, check_mask
 from ..parts.kv_cache import KVCache
+from ..parts.moe import refuse_aux_loss
 from ..parts.outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from ..parts.tracing import is_tracing
 from ..registry.pretrained import PretrainedModel
@@ -209,6 +210,7 @@ class CausalLM(GenerationMixin):
         if labels is not None and logits_to_keep:
             raise ValueError("labels need the logits of every position: leave logits_to_keep=0")
         if labels is not None:  # checked before the forward pass, which would already have extended a cache
+            refuse_aux_loss(self.config)
             check_ids("labels", labels, self.config.vocab_size, "vocab_size",
                       shapes=(self.check_tokens(input_ids, inputs_embeds),), ignore=-100)
         out = super().forward(input_ids, attention_mask, position_ids, past_key_values, use_cache,

@@ -117,8 +117,13 @@ class LlamaDecoderLayer(nn.Module):
         self.resid_mid = HookPoint("b, s, h", "residual stream plus attention")
         self.norm_2 = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ln_2 = HookPoint("b, s, h", "RMSNorm (post_attention_layernorm) of the residual stream: the MLP's input")
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
+        self.mlp = self.feed_forward(config, layer_idx)
         self.out = HookPoint("b, s, h", "residual stream plus attention and MLP: the layer's output")
+
+    @staticmethod
+    def feed_forward(config: LlamaLikeConfig, layer_idx: int) -> nn.Module:
+        """The layer's MLP: a gated one here; a mixture of experts' layers override it (parts/moe.py)."""
+        return GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
 
     def forward(self, x, step: Step):
         attn_out, probs = self.attn(self.ln_1(self.norm_1(x)), step)
@@ -132,13 +137,14 @@ class LlamaModel(CausalDecoder):
     # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained,
     # unless its rope scaling is made to go there (CausalDecoder.table_size)
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
+    layer_class = LlamaDecoderLayer  # a variant whose layers differ (a mixture of experts' MLP) names its own
 
     def __init__(self, config: LlamaLikeConfig):
         super().__init__()
         self.config = config
         self.sliding_window = config.sliding_window if any(config.sliding_layers) else None
         self.embeddings = LlamaEmbeddings(config)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ln_f = HookPoint("b, s, h", "final RMSNorm of the residual stream (norm): the last hidden state")
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,

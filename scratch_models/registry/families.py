@@ -17,7 +17,8 @@ def family_of(checkpoint: Checkpoint) -> Family:
     `architectures` names (a config written by hand or by an old tool may lack model_type). A CheckpointError names
     anything else, and says what a model no family builds is (refuse_unbuilt)."""
     raw, config_path = checkpoint.config_json, checkpoint.config_path
-    refuse_unbuilt(raw, config_path)
+    declared = FAMILIES.get(raw.get("model_type")) if isinstance(raw.get("model_type"), str) else None
+    refuse_unbuilt(raw, config_path, builds_experts=declared is not None and declared.table.experts_field is not None)
     supported = ", ".join(FAMILIES)
     model_type = raw.get("model_type")
     if model_type is not None:

@@ -260,7 +260,8 @@ class Family:
         refused, naming them: it would load, and compute something else. So is a model no family builds
         (known.refuse_unbuilt: quantized, a mixture of experts, multimodal), saying what it is."""
         raw = checkpoint.config_json
-        refuse_unbuilt(raw, checkpoint.config_path)  # a quantized checkpoint, a mixture of experts, ...: said so
+        # a quantized checkpoint, a mixture of experts where this family has none, ...: said so
+        refuse_unbuilt(raw, checkpoint.config_path, builds_experts=self.table.experts_field is not None)
         named = architectures(raw)
         ours = [cls.__name__ for cls in self.classes]
         if "model_type" not in raw and named and not set(named) & set(ours):

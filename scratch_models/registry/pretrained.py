@@ -126,7 +126,8 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(table, checkpoint, expected, getattr(config, table.layers_field),
                                  model_name=cls.__name__, tied=tied, twins=twins, base_names=lambda: _names_in(
-                                     cls.family.base, config), dtype=as_dtype(dtype), device=device)
+                                     cls.family.base, config), dtype=as_dtype(dtype), device=device,
+                                 num_experts=table.num_experts(config))
         model.load_state_dict(state, strict=True, assign=True)
         model.loading_info = info
         # the checkpoint's own tokenizer, whose files are read on first use, and generate's defaults
@@ -176,7 +177,8 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         dtype = dtype or stored.pop()
         tensors = checkpoint_state(self.mapping_table, {name: t.to(dtype) for name, t in state.items()},
                                    getattr(self.config, self.mapping_table.layers_field),
-                                   prefixed=self.checkpoint_prefixed, legacy=legacy)
+                                   prefixed=self.checkpoint_prefixed, legacy=legacy,
+                                   num_experts=self.mapping_table.num_experts(self.config))
         # our classes carry transformers' class names; `dtype` is what transformers' dtype="auto" loads in
         config = self.config.to_dict() | {"architectures": [type(self).__name__],
                                           "dtype": str(dtype).removeprefix("torch.")}

@@ -137,7 +137,8 @@ def say_if_stand_in(opened: Opened) -> None:
 def family_named_by(repo_id: str) -> Family | None:
     """The family a hub id reads as, without its config.json: the one whose pretrained checkpoint (lm_checkpoint)
     has the same first word in its name (`EleutherAI/pythia-1b` as `EleutherAI/pythia-70m`, `gpt2-medium` as
-    `gpt2`), or whose name is a word of it (`gpt_neox` in `org/gpt_neox-tiny`); None when no family or several do."""
+    `gpt2`), or whose name is a word of it (`gpt_neox` in `org/gpt_neox-tiny`); of several, the one whose
+    pretrained checkpoint it is; None when no family or several others do."""
     def name(hub_id: str) -> str:
         return hub_id.rpartition("/")[2].lower()
 
@@ -146,7 +147,9 @@ def family_named_by(repo_id: str) -> Family | None:
 
     named = [family for family in FAMILIES.values() if first_word(repo_id) == first_word(family.lm_checkpoint)
              or re.search(rf"(^|[-_.]){re.escape(family.name)}($|[-_.])", name(repo_id))]
-    return named[0] if len(named) == 1 else None
+    # a family's own checkpoint decides between families of one name (Qwen/Qwen3-30B-A3B, Qwen3-MoE's, and Qwen3)
+    own = [family for family in named if family.lm_checkpoint.lower() == repo_id.lower()]
+    return own[0] if len(own) == 1 else named[0] if len(named) == 1 else None
 
 
 def encode(opened: Opened, texts: str | list[str], pairs: str | list[str] | None = None, *, names: list[str],

@@ -34,6 +34,10 @@ TOLERANCES = {
 # run, as this factor times transformers' own distance (in that dtype) from its float32 result.
 LOGITS_ATOL = {torch.float32: 1e-4}
 HALF_LOGITS_FACTOR = 2.0
+# transformers' reference path for a mixture's experts (a loop over the experts with tokens, as ours): its default,
+# grouped_mm, is a fused kernel of its own (and refuses on CPU widths whose rows are not 16-byte multiples); the
+# other classes ignore it
+EXPERTS = "eager"
 # the output fields of the task-head classes that hold scores: compared when both classes return them
 HEAD_OUTPUTS = ("logits", "prediction_logits", "seq_relationship_logits", "start_logits", "end_logits",
                 "mc_logits")
@@ -191,13 +195,15 @@ def _base_models(opened: Opened, reference_dir, rows, device, dtype, notes: list
     notes += [f"{row.ours}: not in this checkpoint, not compared" for row in rows if row.ours not in hook_names]
     rows = [row for row in rows if row.ours in hook_names]
     reference, info = getattr(transformers, name).from_pretrained(reference_dir, attn_implementation="eager",
-                                                                  dtype=dtype, output_loading_info=True)
+                                                                  dtype=dtype, output_loading_info=True,
+                                                                  experts_implementation=EXPERTS)
     head = opened.head()
     if info["missing_keys"] and head is not None:
         # transformers' base class reads only its own prefix: a head class that names its base otherwise (Llama's
         # question answering keeps it under `transformer.`) is read whole, and its own base compared
         whole, info = getattr(transformers, head.__name__).from_pretrained(
-            reference_dir, attn_implementation="eager", dtype=dtype, output_loading_info=True)
+            reference_dir, attn_implementation="eager", dtype=dtype, output_loading_info=True,
+            experts_implementation=EXPERTS)
         reference = whole.base_model
         notes.append(f"{name}: transformers' {name} does not read this file's base model (under "
                      f"`{whole.base_model_prefix}.`): compared with the base model of its {head.__name__}")
@@ -242,7 +248,8 @@ def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, devic
 
     def reference_in(dtype):
         return getattr(transformers, name).from_pretrained(reference_dir, attn_implementation=attention,
-                                                           dtype=dtype).to(device).eval()
+                                                           dtype=dtype, experts_implementation=EXPERTS
+                                                           ).to(device).eval()
 
     mine, theirs = outputs(ours), outputs(reference_in(dtype))
     exact = outputs(reference_in(torch.float32)) if dtype != torch.float32 else None
@@ -342,6 +349,9 @@ def _capture_modules(table, ours, reference, rows, inputs: dict, *, prefixed: bo
     boundaries = {row.ours for row in rows if row.boundary}
     with torch.no_grad():
         ours.run_with_hooks(**inputs, hooks=[(row.ours, record) for row in rows])
+    for row in rows:  # a module whose output flattens batch and sequence (a mixture's router), seen as ours
+        if row.flattened and theirs[row.ours].numel() == mine[row.ours].numel():
+            theirs[row.ours] = theirs[row.ours].reshape(mine[row.ours].shape)
     return mine, theirs
 
 

@@ -25,7 +25,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _hook_rows(models, table) -> list[tuple[str, str, str]]:
-    """(name with {i} for the layer, doc, transformers module it is compared with) in forward order. A name that
+    """(name with {i} for the layer, {e} for a mixture's expert, doc, transformers module it is compared with) in
+    forward order. A name that
     holds another tensor in another class (`logits` of each head) has a row per tensor, naming the classes; the
     compared module is that of the first."""
     compared = {row.ours: f"`{row.checkpoint}`" + (f" output[{row.pick}]" if row.pick is not None else "")
@@ -34,13 +35,15 @@ def _hook_rows(models, table) -> list[tuple[str, str, str]]:
     for model in models:
         for name, doc in model.hook_docs().items():
             parts = name.split(".")
-            if parts[0] == "layers":
-                if parts[1] != "0":
-                    continue
-                name = ".".join(["layers", "{i}", *parts[2:]])
+            if parts[0] == "layers":  # every layer's names once (a mixture may keep some layers dense), and a
+                # mixture's experts once
+                name = re.sub(r"\.experts\.[0-9]+\.", ".experts.{e}.", ".".join(["layers", "{i}", *parts[2:]]))
             found.setdefault(name, {}).setdefault(doc, []).append(type(model).__name__)
     rows = []
     for name, docs in found.items():
+        if len(docs) > 1 and len({tuple(classes) for classes in docs.values()}) == 1:  # one per kind of layer
+            rows.append((name, "; in other layers: ".join(docs), compared.get(name, "")))
+            continue
         for n, (doc, classes) in enumerate(docs.items()):
             where = f"{', '.join(f'`{c}`' for c in classes)}: " if len(docs) > 1 else ""
             rows.append((name, where + doc, compared.get(name, "") if n == 0 else ""))

@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import byte_level_bpe, each_family, reference, save
+from helpers import LENS_FAMILIES, byte_level_bpe, each_lens_family, reference, save
 from test_lens_second_day import LAYERS, SHORT, TEXTS, bridge_of, supported, write_family
 from scratch_models.registry.families import FAMILIES
 
@@ -33,7 +33,7 @@ LONG = " ".join([TEXTS[0]] * 30)  # some 200 tokens, past the tiny checkpoints' 
 # the tokenizer classes of the hub's gpt2 and Pythia checkpoints: transformers' add_bos_token=True (which TL's bridge
 # asks for) makes them start every text with <|endoftext|>
 OWN_TOKENIZERS = {"gpt2": "GPT2Tokenizer", "gpt_neox": "GPTNeoXTokenizer"}
-CASES = [pytest.param(family, None, id=family) for family in FAMILIES] + \
+CASES = [pytest.param(family, None, id=family) for family in LENS_FAMILIES] + \
     [pytest.param(family, name, id=f"{family}-{name}") for family, name in OWN_TOKENIZERS.items()]
 SWITCHES = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
@@ -143,7 +143,7 @@ def test_text_longer_than_n_ctx_is_cut_as_the_bridge_cuts_it(built, family, toke
 # ---- 2: what a default cache holds -------------------------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_a_default_cache_holds_what_the_bridge_s_holds(built, family):
     """run_with_cache(tokens) without names: of the names both models know, the same ones are keys and answer `in`,
     with every switch off and with each the bridge honours on. Before, the switched-off copies of the stream
@@ -196,7 +196,7 @@ def test_a_default_cache_holds_what_the_bridge_s_holds(built, family):
 # ---- 3: to_string of numpy, W_gate -------------------------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_to_string_reads_numpy_arrays_as_the_bridge(built, family):
     _, ours, bridge = built(family)
     ids = ours.to_tokens(list(TEXTS)).numpy()
@@ -204,7 +204,7 @@ def test_to_string_reads_numpy_arrays_as_the_bridge(built, family):
         assert ours.to_string(value) == bridge.to_string(value), value
 
 
-@each_family
+@each_lens_family
 def test_w_gate_is_none_where_the_mlp_has_no_gate(built, family):
     _, ours, bridge = built(family)
     assert (ours.W_gate is None) == (bridge.W_gate is None) == (not ours.cfg.gated_mlp)
@@ -246,7 +246,7 @@ def through_post_norm(ours, cache, theirs: torch.Tensor, layer: int, pos_slice) 
     return norm.frozen(theirs, divisor.unsqueeze(-2) if theirs.dim() > divisor.dim() else divisor)
 
 
-@each_family
+@each_lens_family
 def test_neuron_results_are_the_bridge_s(caches, family):
     """get_neuron_results and stack_neuron_results with TL's arguments give the bridge's numbers (Gemma 2's through
     its post-MLP norm, so that they are parts of its stream); a layer's neurons and b_out sum to its MLP's output;
@@ -283,7 +283,7 @@ def test_neuron_results_are_the_bridge_s(caches, family):
                   theirs.stack_neuron_results(layer, apply_ln=True, pos_slice=-1) * gain, ("apply_ln", layer))
 
 
-@each_family
+@each_lens_family
 def test_full_resid_decomposition_is_the_bridge_s(caches, family):
     """get_full_resid_decomposition, as the DLA demo calls it: every head, every neuron (or each MLP), the
     embeddings and the biases, labelled as TL labels them, the bridge's numbers (apply_ln: with the norm's gain),

@@ -6,7 +6,7 @@ random checkpoint."""
 import pytest
 import torch
 
-from helpers import each_family
+from helpers import each_lens_family
 from test_lens_second_day import TEXTS, built, supported  # noqa: F401  (built: the module's fixture)
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
@@ -26,7 +26,7 @@ def test_cache_to_moves_every_tensor_and_returns_the_cache(built):
     assert cache.input_ids.device.type == "meta" and next(ours.parameters()).device.type == "cpu"
 
 
-@each_family
+@each_lens_family
 def test_start_at_layer_runs_the_rest_of_the_model_from_a_residual(built, family):
     """stop_at_layer=k then start_at_layer=k gives the whole run's logits bitwise (the same operations on the same
     numbers), on every family, padded batches included; its cache holds nothing from before block k."""

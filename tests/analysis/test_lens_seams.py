@@ -7,7 +7,7 @@ family, on the second day's tiny random models (test_lens_second_day.built).
 import pytest
 import torch
 
-from helpers import assert_parity, each_family
+from helpers import assert_parity, each_lens_family
 from test_lens_second_day import SHORT, TEXTS, built  # noqa: F401  (built: the module's fixture)
 
 pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
@@ -30,7 +30,7 @@ SECOND = ("blocks.0.attn.hook_z", zero_head)
 # ---- hooks that stay attached ------------------------------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_a_hook_added_to_the_model_lives_until_reset_hooks_as_on_the_bridge(built, family):
     """The issue's repro: add_hook, then run_with_cache, then a plain call: still ablated on the bridge, and on ours
     (which removed the hook at the end of any run_with_hooks, run_with_cache or hooks() block)."""
@@ -58,7 +58,7 @@ def test_a_hook_added_to_the_model_lives_until_reset_hooks_as_on_the_bridge(buil
                 model.reset_hooks(including_permanent=True)
 
 
-@each_family
+@each_lens_family
 def test_reset_hooks_end_false_keeps_the_run_s_hooks_and_permanent_hooks_survive_reset(built, family):
     _, ours, bridge, _ = built(family)
     tokens = ours.to_tokens(list(TEXTS))
@@ -120,7 +120,7 @@ def identity(x, hook):
     return x
 
 
-@each_family
+@each_lens_family
 def test_a_cache_or_a_hook_gives_the_plain_call_s_logits_bitwise(built, family):
     """TL's bridge gives the same logits with or without a cache or hooks (its Attribution Patching demo asserts
     1e-5 between them). Ours took the fused attention without listeners and the explicit one with them (3e-5 apart
@@ -142,7 +142,7 @@ def test_a_cache_or_a_hook_gives_the_plain_call_s_logits_bitwise(built, family):
 # ---- generate's defaults ---------------------------------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_generate_follows_tl_s_defaults_not_generation_config_json(built, family, tmp_path):
     """TL's generate reads no generation_config.json: a Llama 3 file's temperature 0.6 and top_p 0.9 (here with
     3 new tokens and a repetition penalty, which ours refused) change nothing in TL mode. temperature=0 is greedy,
@@ -178,7 +178,7 @@ def test_generate_follows_tl_s_defaults_not_generation_config_json(built, family
 # ---- left padding --------------------------------------------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_a_left_padded_row_reads_the_positions_it_reads_alone_as_on_the_bridge(built, family):
     """TL's bridge counts a left-padded row's positions from its first token, so it gives the logits of the text
     alone; ours gave GPT-2's short row the positions of its padded columns (logits off by up to 8). Rotary

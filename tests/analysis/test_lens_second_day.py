@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import assert_parity, byte_level_bpe, each_family, model_sizes, reference, save
+from helpers import assert_parity, byte_level_bpe, each_lens_family, model_sizes, reference, save
 from test_lens_demos import get_cache_fwd_and_bwd  # the Attribution Patching Demo's
 from scratch_models import get_act_name
 from scratch_models.registry.families import FAMILIES
@@ -100,7 +100,7 @@ def supported(bridge, switch: str) -> bool:
 # ---- item 1: text, BOS, to_string --------------------------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_text_starts_with_a_bos_exactly_where_the_bridge_puts_one(built, family):
     """TL 4.3's bridge prepends BOS to GPT-2's text, not to GPT-NeoX's (Pythia) and keeps BERT's [CLS] (its BOS);
     prepend_bos=False takes [CLS] away. Ours had GPT-NeoX's text shifted by one token."""
@@ -121,7 +121,7 @@ def test_text_starts_with_a_bos_exactly_where_the_bridge_puts_one(built, family)
         assert ours.get_token_position(token, TEXTS[1]) == bridge.get_token_position(token, TEXTS[1])
 
 
-@each_family
+@each_lens_family
 def test_to_string_of_a_batch_of_one_is_a_list_as_the_bridge_gives(built, family):
     """TL's to_string on [1, s] returns a list: to_string(tokens)[0] is the text, not its first character."""
     _, ours, bridge, _ = built(family)
@@ -134,7 +134,7 @@ def test_to_string_of_a_batch_of_one_is_a_list_as_the_bridge_gives(built, family
 # ---- item 1: TL's switches and what a filter sees ----------------------------------------------------------------
 
 
-@each_family
+@each_lens_family
 def test_set_use_attn_result_lets_a_filter_see_hook_result_forwards_and_backwards(built, family):
     """Without the switch (the bridge's default too) a filter passes hook_result by; with it, a forward filter caches
     each head's result and a backward one its gradient, both the bridge's where the bridge has them."""
@@ -196,7 +196,7 @@ def add_to_head(head: int):
     return edit
 
 
-@each_family
+@each_lens_family
 @pytest.mark.parametrize("kind", ["q", "k", "v"])
 def test_split_qkv_input_feeds_one_head_s_queries_keys_or_values_only(built, family, kind):
     """set_use_split_qkv_input: hook_{q,k,v}_input [b, s, n, h] is a copy of the stream per head; an edit of head
@@ -264,7 +264,7 @@ def expected_head_edit(model, tokens, kind: str, head: int) -> torch.Tensor:
                                                        (f"blocks.1.attn.hook_{kind}", replace)])
 
 
-@each_family
+@each_lens_family
 def test_attn_in_feeds_a_head_s_queries_keys_and_values_and_its_gradient_is_per_head(built, family):
     _, ours, bridge, _ = built(family)
     tokens = ours.to_tokens(list(TEXTS))
@@ -295,7 +295,7 @@ def test_attn_in_feeds_a_head_s_queries_keys_and_values_and_its_gradient_is_per_
         ours.zero_grad()
 
 
-@each_family
+@each_lens_family
 def test_hook_mlp_in_feeds_the_mlp_only(built, family):
     """set_use_hook_mlp_in: hook_mlp_in is the stream the MLP branch reads, and an edit reaches the MLP alone
     (BERT's table names its own, the MLP's input, offered with the switch off too)."""
@@ -327,7 +327,7 @@ def test_hook_mlp_in_feeds_the_mlp_only(built, family):
         bridge.set_use_hook_mlp_in(False)
 
 
-@each_family
+@each_lens_family
 def test_a_filter_sees_what_the_bridge_s_filter_sees(built, family):
     """With every switch the bridge honours turned on, a forward filter that takes every name sees, of the names
     both models have, the same ones in the same order and shapes."""
@@ -371,7 +371,7 @@ def head_out_attr(clean_cache, corrupted_cache, corrupted_grad_cache) -> torch.T
     return (grad * (clean - corrupted)).sum(dim=(1, 3))
 
 
-@each_family
+@each_lens_family
 def test_head_output_attribution_is_right_once_the_switch_is_on(built, family):
     """Issue 30: the demo's head-output attribution on our model raised at set_use_attn_result, and without it the
     backward filter passes hook_result by, so TL's cache makes the heads' gradients from hook_z's through W_O,
@@ -420,7 +420,7 @@ def test_head_output_attribution_is_right_once_the_switch_is_on(built, family):
 BRIDGE_S_OWN = {"bert": ("hook_embed", "hook_attn_scores", "hook_attn_out", "hook_resid_mid", "hook_resid_post")}
 
 
-@each_family
+@each_lens_family
 def test_a_cache_is_keyed_by_tl_names_and_has_cache_dict(built, family):
     """Loaded with transformer_lens=True, a cache iterates TL's names (the bridge's, where both have the name, with
     the bridge's tensors), and cache_dict is a dict of them; a names_filter keys it by the names it picked. Our
@@ -450,7 +450,7 @@ def test_a_cache_is_keyed_by_tl_names_and_has_cache_dict(built, family):
     assert list(own) == own.hook_names() and list(own)[0].startswith(("embeddings.", "layers."))
 
 
-@each_family
+@each_lens_family
 def test_hook_dict_and_mod_dict_as_tl_s_hooked_root_module(built, family):
     _, ours, bridge, _ = built(family)
     tokens = ours.to_tokens(TEXTS[0])
@@ -467,7 +467,7 @@ def test_hook_dict_and_mod_dict_as_tl_s_hooked_root_module(built, family):
                       "ablated logits", **forwards(ours))
 
 
-@each_family
+@each_lens_family
 def test_tl_parameters_are_the_bridge_s_and_svd_interpreter_reads_them(built, family):
     """TL's weight names as a dict (tl_parameters, what TL's SVDInterpreter reads) and as attributes, the bridge's
     tensors (grouped keys and values, Gemma 2's, repeated to one per query head in the dict, as the bridge's; the
@@ -487,7 +487,7 @@ def test_tl_parameters_are_the_bridge_s_and_svd_interpreter_reads_them(built, fa
                                                                               head_index=head), kind, **forwards(ours))
 
 
-@each_family
+@each_lens_family
 def test_ov_and_qk_are_tl_s_factored_matrices_or_refused_with_the_reason(built, family, monkeypatch):
     _, ours, bridge, _ = built(family)
     assert isinstance(ours.OV, transformer_lens.FactoredMatrix)
@@ -500,7 +500,7 @@ def test_ov_and_qk_are_tl_s_factored_matrices_or_refused_with_the_reason(built, 
     assert not hasattr(ours, "QK")
 
 
-@each_family
+@each_lens_family
 def test_hooks_as_a_context_takes_tl_s_fwd_and_bwd_hooks(built, family):
     _, ours, _, _ = built(family)
     tokens = ours.to_tokens(list(TEXTS))
@@ -526,7 +526,7 @@ def test_hooks_as_a_context_takes_tl_s_fwd_and_bwd_hooks(built, family):
     ours.zero_grad()
 
 
-@each_family
+@each_lens_family
 def test_stop_at_layer_returns_the_stream_the_bridge_returns(built, family):
     """TL's stop_at_layer=l: the stream block l reads (negative: from the end; the number of layers: the last
     block's output, where HookedTransformer stops and the bridge goes on to the logits). The bridge's BERT does not
@@ -584,7 +584,7 @@ def test_return_type_predictions_reads_bert_s_mlm_and_next_sentence_heads(built,
         BertModel.from_pretrained(directory)(TEXTS[0], return_type="predictions")
 
 
-@each_family
+@each_lens_family
 def test_generate_on_text_returns_text_as_the_bridge(built, family):
     """TL's generate on text: the prompt tokenized as the bridge tokenizes it (BOS, left padding for a batch), and
     text back (decoded without special tokens) unless return_type="tokens". The tokens are transformers' greedy
@@ -622,7 +622,7 @@ def test_generate_on_text_returns_text_as_the_bridge(built, family):
     assert first.shape[1] == ours.to_tokens(TEXTS[1]).shape[1] + 10 and not torch.equal(first, second)
 
 
-@each_family
+@each_lens_family
 def test_to_tokens_pads_texts_of_different_lengths_so_detect_head_runs(built, family):
     _, ours, bridge, _ = built(family)
     texts = [TEXTS[0] + " " + TEXTS[0], SHORT + " " + SHORT]
@@ -633,7 +633,7 @@ def test_to_tokens_pads_texts_of_different_lengths_so_detect_head_runs(built, fa
                           **forwards(ours))
 
 
-@each_family
+@each_lens_family
 def test_the_tokenizer_answers_what_tl_asks_of_a_transformers_tokenizer(built, family, tmp_path):
     directory, ours, bridge, fast = built(family)
     theirs = transformers.AutoTokenizer.from_pretrained(directory)

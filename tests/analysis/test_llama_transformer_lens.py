@@ -16,7 +16,8 @@ from scratch_models.registry.families import FAMILIES
 pytestmark = pytest.mark.usefixtures("one_thread")
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
 
-LLAMA_LIKE = [name for name, family in FAMILIES.items() if issubclass(family.base, LlamaModel)]
+LLAMA_LIKE = [name for name, family in FAMILIES.items()
+              if issubclass(family.base, LlamaModel) and family.transformer_lens is not None]
 WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "W_U", "b_U")
 # the bridge's rotary angles (per layer and the model's); ours are computed once per forward (the model's
 # `positional`), no hook point; and the bridge's copy of the attention's output

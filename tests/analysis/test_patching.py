@@ -19,6 +19,11 @@ from helpers import assert_parity, each_family, model_sizes, randomize_
 VOCAB, SEQ = 97, 7
 LAYERS = 2
 CAUSAL = [name for name, family in FAMILIES.items() if family.causal]
+# A mixture's expert multiplies as many rows as tokens are routed to it, which depends on the other tokens of the
+# batch, and a matmul of 1 to 3 rows takes another kernel than one of more (float32 on CPU: last bits). A token's
+# activations are then the same run to run to rounding, not bit for bit, whatever else the batch holds: the tests
+# that count on bit-equal runs of different batches hold the other families to it.
+BATCH_INVARIANT = [name for name in CAUSAL if FAMILIES[name].table.experts_field is None]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -171,7 +176,7 @@ def test_patched_causal_runs_score_only_from_the_first_position_the_metric_reads
     assert (SEQ - first_read) == (3 if padding == "right" else 1)
 
 
-@pytest.mark.parametrize("family", CAUSAL)
+@pytest.mark.parametrize("family", BATCH_INVARIANT)
 @pytest.mark.parametrize("path", ["fused", "explicit"])
 def test_patches_that_change_nothing_are_not_run(family, path):
     """Causal prompts that differ from position 4 on: before it, clean and corrupted activations are the same, so
@@ -271,7 +276,9 @@ def test_activation_patching_gathers_every_sweep_and_normalises(family):
     # the first layer's residual stream at every position is the whole clean prompt; at one position, its token
     names = [hook_name(model, "resid_pre", layer) for layer in range(LAYERS)]
     clean_cache = model.run_with_cache(**clean, names=names)[1]
-    assert torch.equal(result.patched["resid_pre"], get_act_patch_resid_pre(model, corrupted, clean_cache, metric))
+    swept = get_act_patch_resid_pre(model, corrupted, clean_cache, metric)  # in other batches: see BATCH_INVARIANT
+    assert torch.equal(result.patched["resid_pre"], swept) if family in BATCH_INVARIANT else \
+        torch.allclose(result.patched["resid_pre"], swept, atol=1e-5, rtol=1e-5)
     scores = result.normalized(result.patched["resid_pre"])
     assert torch.allclose(scores, (result.patched["resid_pre"] - result.corrupted_metric)
                           / (result.clean_metric - result.corrupted_metric))

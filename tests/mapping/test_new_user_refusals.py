@@ -227,9 +227,10 @@ QUANTIZED = {"gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "des
              "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"},
              "bitsandbytes": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}
 NOT_BUILT = {
-    "Mixtral": (dict(model_type="mixtral", num_local_experts=8), "Mixtral, a mixture of experts"),
     "Qwen2-MoE": (dict(model_type="qwen2_moe", num_experts=60), "Qwen2-MoE, a mixture of experts"),
-    "Qwen3-MoE": (dict(model_type="qwen3_moe", num_experts=128), "Qwen3-MoE, a mixture of experts"),
+    "GPT-OSS": (dict(model_type="gpt_oss", num_local_experts=32), "GPT-OSS, a mixture of experts not built here"),
+    "GPT-OSS in MXFP4": (dict(model_type="gpt_oss", quantization_config={"quant_method": "mxfp4"}),
+                         r"a quantized checkpoint .quantization_config, quant_method 'mxfp4'."),
     "Gemma 3": (dict(model_type="gemma3", vision_config={}), "Gemma 3, a multimodal model"),
     "LLaVA": (dict(model_type="llava", vision_config={}), "LLaVA, a multimodal model"),
     "Qwen2-VL": (dict(model_type="qwen2_vl", vision_config={}), "Qwen2-VL, a multimodal model"),

@@ -19,7 +19,7 @@ import transformers
 from helpers import assert_parity, check_causal_lm, each_device, padded_batch, reference, save, write_weights
 from scratch_models import ConfigError, LlamaConfig, LlamaForCausalLM, LlamaModel
 from scratch_models.registry.families import FAMILIES
-from scratch_models_cli.verify import TOLERANCES, verify
+from scratch_models_cli.verify import EXPERTS, TOLERANCES, verify
 from weight_mapping import CheckpointError
 
 LLAMA_LIKE = [name for name, family in FAMILIES.items() if issubclass(family.base, LlamaModel)]
@@ -52,6 +52,16 @@ SMOLLM_135M = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "
                "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
                "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
                "use_cache": True, "vocab_size": 49152}
+
+
+def assert_bitwise_unless_experts(ours: torch.Tensor, theirs: torch.Tensor, what: str, family: str) -> None:
+    """Our output against transformers': bit for bit, except for a mixture of experts, whose experts transformers
+    computes from a fused gate_up matrix, so its SiLU reads a strided half of that product, a scalar loop that
+    rounds otherwise than the vectorised one ours runs on a dense tensor (ulps): there the derived bound."""
+    if FAMILIES[family].table.experts_field:
+        assert_parity(ours, theirs, what)
+    else:
+        assert torch.equal(ours, theirs), what
 
 
 def transformers_4_config(directory) -> dict:
@@ -129,13 +139,14 @@ def test_save_pretrained_is_read_back_bitwise_by_transformers(tmp_path, family):
         out = tmp_path / f"out-{cls.__name__}"
         model.save_pretrained(out)
         back, info = getattr(transformers, cls.__name__).from_pretrained(out, output_loading_info=True,
-                                                                        attn_implementation="sdpa")
+                                                                        attn_implementation="sdpa",
+                                                                        experts_implementation=EXPERTS)
         assert not any(info.values()), (cls.__name__, info)
         theirs_state = theirs.state_dict()
         assert all(torch.equal(tensor, theirs_state[key]) for key, tensor in back.state_dict().items())
         with torch.no_grad():
             field = "start_logits" if "QuestionAnswering" in cls.__name__ else "logits"
-            assert torch.equal(back.eval()(**inputs)[field], model(**inputs)[field]), cls.__name__
+            assert_bitwise_unless_experts(model(**inputs)[field], back.eval()(**inputs)[field], cls.__name__, family)
     legacy = tmp_path / "legacy"
     declared.lm.from_pretrained(tmp_path / f"out-{declared.lm.__name__}").save_pretrained(legacy, legacy=True)
     from safetensors import safe_open
@@ -286,8 +297,13 @@ def test_float32_report_is_bitwise_on_every_row(tmp_path, family):
     report = verify(str(tmp_path), inputs=padded_batch(family))
     assert report.passed, report.format()
     names = [c.name for c in report.rows]
-    assert "layers.1.attn.probs" in names and "layers.1.mlp.up" in names and "ln_f" in names
-    assert max(c.max_abs for c in report.rows) == 0.0
+    assert "layers.1.attn.probs" in names and "ln_f" in names
+    if FAMILIES[family].table.experts_field is None:
+        assert "layers.1.mlp.up" in names and max(c.max_abs for c in report.rows) == 0.0
+    else:  # bitwise up to the first mixture's output (see assert_bitwise_unless_experts), its routing bitwise everywhere
+        first = next(n for n, name in enumerate(names) if name.endswith("mlp.routing_weights")) + 1
+        assert max(c.max_abs for c in report.rows[:first]) == 0.0, report.format()
+        assert all(c.max_abs == 0.0 for c in report.rows if c.name.endswith("mlp.chosen")), report.format()
 
 
 # ---------------------------------------------------------------------------------------------------- config
