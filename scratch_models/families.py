@@ -13,6 +13,9 @@ FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwe
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}
 
+# model_type of a bigger model (multimodal) -> the family that reads the language model inside it
+WRAPPED: dict[str, Family] = {model_type: family for family in FAMILIES.values()
+                              for model_type in family.wrapped_model_types}
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
 # refusal says it (a mixture of experts, Gemma 3, a model that also reads images), rather than "not supported" alone
@@ -42,6 +45,7 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
     before anything is built or read, so no model is ever half loaded from it."""
     supported = ", ".join(FAMILIES)
     quantization = raw.get("quantization_config")
+    wrapped = raw.get("model_type") in WRAPPED  # a multimodal file whose language model a family reads
     if quantization is not None:
         method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
         what = (f"a quantized checkpoint (quantization_config, quant_method {reprlib.repr(method)}): its weights are "
@@ -51,7 +55,7 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
         what = f"model_type {raw['model_type']!r} is {NOT_BUILT[raw['model_type']]}"
     elif _counts(raw, "num_local_experts", "num_experts", "n_routed_experts"):
         what = "a mixture of experts (config.json counts several experts per layer)"
-    elif any(key in raw for key in ("vision_config", "audio_config")):
+    elif not wrapped and any(key in raw for key in ("vision_config", "audio_config")):
         what = f"a multimodal model (config.json has a {next(k for k in ('vision_config', 'audio_config') if k in raw)})"
     else:
         return
@@ -72,6 +76,8 @@ def family_of(checkpoint: Checkpoint) -> Family:
     supported = ", ".join(FAMILIES)
     model_type = raw.get("model_type")
     if model_type is not None:
+        if model_type in WRAPPED:
+            return WRAPPED[model_type]
         if model_type not in FAMILIES:
             raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported; supported: {supported}")
         return FAMILIES[model_type]

@@ -181,6 +181,10 @@ class Family:
     # the config field of a sliding attention window (Gemma 2's sliding_window), where layers have one: a query whose
     # window holds no real token sees no key there, though real tokens come before it
     window_field: str | None = None
+    # other config.json model_types whose checkpoints hold this family's model inside a bigger one (Gemma 3's
+    # multimodal `gemma3`: its language model, read from its keys, the vision tower left out): the registry sends them
+    # here, and the family's config reads the language model's part of them
+    wrapped_model_types: tuple[str, ...] = ()
 
     def __post_init__(self):
         for cls in (self.base, *self.heads):

@@ -264,8 +264,7 @@ def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, devic
 
 def _loading_notes(name: str, info) -> list[str]:
     """What loading decided beyond the plain rename: tensors left out, and pairs loaded untied."""
-    return [f"{name}: {note}" for note in info.notes] + [f"{name}: ignored {key} ({why})"
-                                                          for key, why in info.ignored.items()]
+    return [f"{name}: {line}" for line in (*info.notes, *info.ignored_lines())]
 
 
 def _tolerance(row, dtype) -> tuple[float, float]:
