@@ -8,7 +8,7 @@ from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, embedded_
 
 from .family import Family, architectures
 
-FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2")
+FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"{__package__}.{name}").FAMILY for name in FAMILY_PACKAGES)}
@@ -18,15 +18,12 @@ WRAPPED: dict[str, Family] = {model_type: family for family in FAMILIES.values()
                               for model_type in family.wrapped_model_types}
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
-# refusal says it (a mixture of experts, Gemma 3, a model that also reads images), rather than "not supported" alone
+# refusal says it (a mixture of experts, a model that also reads images), rather than "not supported" alone
 NOT_BUILT = {
     "mixtral": "Mixtral, a mixture of experts (each layer's MLP is several experts, a router picking some per token)",
     "qwen2_moe": "Qwen2-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token, "
                  "and a shared expert)",
     "qwen3_moe": "Qwen3-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token)",
-    "gemma3": "Gemma 3, a multimodal model (a vision tower beside its language model)",
-    "gemma3_text": "Gemma 3's language model (local sliding-window layers with a rotary base of their own between "
-                   "global ones, norms on queries and keys)",
     "llava": "LLaVA, a multimodal model (a vision tower and a projector in front of a language model)",
     "llava_next": "LLaVA-NeXT, a multimodal model (a vision tower and a projector in front of a language model)",
     "qwen2_vl": "Qwen2-VL, a multimodal model (a vision tower beside its language model, rotary positions in three "
