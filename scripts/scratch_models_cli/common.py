@@ -123,21 +123,21 @@ def open_model(source) -> Opened:
 
 def family_named_by(repo_id: str) -> Family | None:
     """The family a hub id reads as, without its config.json: the one whose pretrained checkpoint (lm_checkpoint)
-    has the same first word in its name (`EleutherAI/pythia-1b` as `EleutherAI/pythia-70m`, `gpt2-medium` as
-    `gpt2`), the most leading words where several do (`gemma-2-9b` as `gemma-2-2b`, not `gemma-3-1b-pt`), or whose
-    name is a word of it (`gpt_neox` in `org/gpt_neox-tiny`); None when no family or several do."""
+    shares the most leading words of its name (`EleutherAI/pythia-1b` as `EleutherAI/pythia-70m`, `gemma-2-9b` as
+    `gemma-2-2b` rather than `gemma-3-1b-pt`), a family whose name is a word of it counting half a word more
+    (`gpt_neox` in `org/gpt_neox-tiny`, `gemma` in `gemma-7b`); None when no family or several do equally."""
     def name(hub_id: str) -> str:
         return hub_id.rpartition("/")[2].lower()
 
-    def shared(hub_id: str) -> int:  # how many leading words of its name `repo_id`'s shares
-        ours, theirs = re.split(r"[-_.]", name(repo_id)), re.split(r"[-_.]", name(hub_id))
-        return next((n for n, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    def score(family: Family) -> float:
+        ours, theirs = re.split(r"[-_.]", name(repo_id)), re.split(r"[-_.]", name(family.lm_checkpoint))
+        shared = next((n for n, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        named = re.search(rf"(^|[-_.]){re.escape(family.name)}($|[-_.])", name(repo_id)) is not None
+        return shared + 0.5 * named
 
-    named = [family for family in FAMILIES.values()
-             if re.search(rf"(^|[-_.]){re.escape(family.name)}($|[-_.])", name(repo_id))]
-    if not named:
-        most = max(shared(family.lm_checkpoint) for family in FAMILIES.values())
-        named = [family for family in FAMILIES.values() if most and shared(family.lm_checkpoint) == most]
+    scores = {family.name: score(family) for family in FAMILIES.values()}
+    best = max(scores.values())
+    named = [family for family in FAMILIES.values() if best and scores[family.name] == best]
     return named[0] if len(named) == 1 else None
 
 
