@@ -443,13 +443,13 @@ def test_the_analysis_reads_the_post_norms_of_gemma_3(tmp_path):
 
 
 def test_a_hub_id_reads_as_the_gemma_it_names():
-    """Offline, a hub id says its family by its name: Gemma 2's and Gemma 3's share their first word, so the most
-    leading words decide."""
+    """Offline, a hub id says its family by its name: the Gemmas share their first word, so the most leading words
+    decide."""
     from scratch_models_cli.common import family_named_by
 
     assert family_named_by("google/gemma-2-9b").name == "gemma2"
     assert family_named_by("google/gemma-3-4b-it").name == FAMILY
-    assert family_named_by("google/gemma-7b") is None  # as near to both
+    assert family_named_by("google/gemma-7b").name == "gemma"  # Gemma 1's, by its family's name
     assert family_named_by("EleutherAI/pythia-1b").name == "gpt_neox"
 
 
