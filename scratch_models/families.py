@@ -42,7 +42,8 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
     before anything is built or read, so no model is ever half loaded from it."""
     supported = ", ".join(FAMILIES)
     quantization = raw.get("quantization_config")
-    wrapped = raw.get("model_type") in WRAPPED  # a multimodal file whose language model a family reads
+    # a multimodal file whose language model a family reads
+    wrapped = isinstance(raw.get("model_type"), str) and raw["model_type"] in WRAPPED
     if quantization is not None:
         method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
         what = (f"a quantized checkpoint (quantization_config, quant_method {reprlib.repr(method)}): its weights are "
@@ -73,7 +74,7 @@ def family_of(checkpoint: Checkpoint) -> Family:
     supported = ", ".join(FAMILIES)
     model_type = raw.get("model_type")
     if model_type is not None:
-        if model_type in WRAPPED:
+        if isinstance(model_type, str) and model_type in WRAPPED:
             return WRAPPED[model_type]
         if model_type not in FAMILIES:
             raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported; supported: {supported}")

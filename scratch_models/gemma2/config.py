@@ -72,7 +72,7 @@ class Gemma2Config(ModelConfig):
         if not isinstance(raw, dict):
             return super().from_dict(raw, source)
         if raw.get("model_type") in LATER_GEMMAS:
-            raise ConfigError(f"{source}: model_type {raw['model_type']!r} is {LATER_GEMMAS[raw['model_type']]}, "
+            raise ConfigError(f"{source}: model_type is {raw['model_type']!r} ({LATER_GEMMAS[raw['model_type']]}), "
                               "another architecture than Gemma 2 (norms on the queries and keys, local and global "
                               "rotary bases, no soft-capping): load it with the gemma3_text family "
                               "(Gemma3ForCausalLM); the gemma2 family reads model_type 'gemma2' (gemma-2-2b, 9b, 27b)")

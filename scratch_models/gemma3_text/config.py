@@ -127,9 +127,9 @@ def _language_model(raw: dict, source: str) -> dict:
 
 
 def _rope(raw: dict, source: str) -> dict:
-    """`raw` with the rotary settings as rope_theta and rope_scaling (the global layers') and rope_local_base_freq:
-    from transformers 5's rope_parameters ({"full_attention": {...}, "sliding_attention": {...}}, which win, as
-    there) or transformers 4's flat fields. A scaling of the local layers is refused: no release has one."""
+    """`raw` with the rotary settings as rope_theta and rope_scaling (the global layers') and rope_local_base_freq,
+    read from the rope_parameters of transformers 5 ({"full_attention": {...}, "sliding_attention": {...}}, which win,
+    as there) or the flat fields of transformers 4. A scaling of the local layers is refused: no release has one."""
     parameters = raw.get("rope_parameters")
     raw = {key: value for key, value in raw.items() if key != "rope_parameters"}
     if parameters is not None and (not isinstance(parameters, dict) or not set(parameters) <= set(LAYER_TYPES)):

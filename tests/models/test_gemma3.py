@@ -251,7 +251,7 @@ def test_a_multimodal_checkpoint_is_refused_by_other_families_and_other_wrappers
     from weight_mapping import CheckpointError
 
     multimodal().save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match="'gemma3' is Gemma 3"):
+    with pytest.raises(ConfigError, match=r"model_type is 'gemma3' \(Gemma 3\)"):
         Gemma2ForCausalLM.from_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="model_type is 'gemma3', but LlamaConfig needs 'llama'"):
         LlamaForCausalLM.from_pretrained(tmp_path)
