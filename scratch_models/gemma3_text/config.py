@@ -75,6 +75,8 @@ class Gemma3TextConfig(ModelConfig):
             return super().from_dict(raw, source)
         if raw.get("model_type") == MULTIMODAL:
             raw = _language_model(raw, source)
+        if raw.get("model_type", cls.model_type) != cls.model_type:  # another architecture: said before its fields
+            return super().from_dict(raw, source)
         if raw.get("use_bidirectional_attention"):
             raise ConfigError(f"{source}: use_bidirectional_attention=true (attending both ways, as EmbeddingGemma "
                               "does) is not implemented; Gemma 3 here is causal")

@@ -416,6 +416,9 @@ def test_config_reads_transformers_4_and_5_names_alike():
                                                   "the 26 layers"),
     ({"sliding_window_pattern": 0}, "'sliding_window_pattern' must be positive"),
     ({"model_type": "gemma2"}, "model_type is 'gemma2', but Gemma3TextConfig needs 'gemma3_text'"),
+    # another architecture's rotary spelling is not read as Gemma 3's: its model_type is named first
+    ({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}},
+     "model_type is 'llama', but Gemma3TextConfig needs 'gemma3_text'"),
     ({"model_type": "gemma3", "text_config": {"model_type": "gemma2"}}, "text_config's model_type is 'gemma2'"),
 ])
 def test_config_refusals_name_the_field(changes, message):
