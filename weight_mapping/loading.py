@@ -35,8 +35,25 @@ class LoadingInfo:
         if self.legacy_names:
             lines.append(f"{self.legacy_names} tensors used legacy names (gamma/beta), renamed")
         lines += self.notes
-        lines += [f"ignored {key}: {why}" for key, why in self.ignored.items()]
+        lines += self.ignored_lines()
         return "\n".join(lines)
+
+    def ignored_lines(self) -> list[str]:
+        """A line per ignored key, except that keys sharing one reason with more than MANY others (a vision tower's
+        hundreds) make one line: their count, the first few, and the reason."""
+        by_reason: dict[str, list[str]] = {}
+        for key, why in self.ignored.items():
+            by_reason.setdefault(why, []).append(key)
+        lines = []
+        for why, keys in by_reason.items():
+            if len(keys) > MANY:
+                lines.append(f"ignored {len(keys)} tensors ({', '.join(keys[:MANY])}, ...): {why}")
+            else:
+                lines += [f"ignored {key}: {why}" for key in keys]
+        return lines
+
+
+MANY = 3
 
 
 def tied_twins(table: MappingTable, checkpoint: Checkpoint) -> dict[str, bool]:
@@ -98,10 +115,14 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
     unexpected: dict[str, str] = {}  # checkpoint key -> why the model has no place for it
     notes: list[str] = []
     spare: list[str] = []  # tied tensors our model holds none for: each may stand for its twin
+    left_out: dict[str, int] = {}  # a left-out module -> how many of its tensors the file holds
     for key, name in normalized.items():
         target = ours_by_checkpoint.get(name)
         if name in skipped:
             ignored[key] = skipped[name]
+        elif (part := table.left_out_part(name)) is not None:
+            ignored[key] = table.left_out[part]
+            left_out[part] = left_out.get(part, 0) + 1
         elif target in expected:
             if target in sources:
                 raise CheckpointError(f"{checkpoint.source}: {key!r} and {sources[target]!r} both map to {target!r}")
@@ -135,6 +156,7 @@ def load_state(table: MappingTable, checkpoint: Checkpoint, expected: dict[str, 
         else:
             unexpected[key] = why
 
+    notes += [f"left out {part} ({count} tensors): {table.left_out[part]}" for part, count in left_out.items()]
     missing = [name for name in expected if name not in sources]
     misshaped = [(key, checkpoint.shape(key), tuple(expected[name])) for name, key in sources.items()
                  if checkpoint.shape(key) != tuple(expected[name])]

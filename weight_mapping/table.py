@@ -57,6 +57,9 @@ class MappingTable:
     # point by either module (sparsify names a dictionary's folder by the module it hooked), never compared twice
     same_output: dict = dataclasses.field(default_factory=dict)
     experts_field: str | None = None  # config field that says how many times "{e}" rows repeat (a mixture's)
+    # modules of a checkpoint (their names after normalize, e.g. a multimodal file's vision tower) that belong to a
+    # model this family does not build -> why: every tensor under one is skipped, and the loading notes say so once
+    left_out: dict = dataclasses.field(default_factory=dict)
 
     def num_experts(self, config) -> int:
         """How many experts each "{e}" row stands for under `config` (0: the table has none)."""
@@ -105,8 +108,9 @@ class MappingTable:
         return before + [_at_layer(r, i) for i in range(num_layers) for r in per_layer] + after
 
     def normalize(self, key: str) -> str:
-        """A checkpoint key in the current spelling, without the base-model prefix."""
-        prefix = next((p for p in self.prefixes if key.startswith(p)), "")
+        """A checkpoint key in the current spelling, without the base-model prefix (the longest that fits: a
+        multimodal file's `model.language_model.` before `model.`)."""
+        prefix = max((p for p in self.prefixes if key.startswith(p)), key=len, default="")
         key = key[len(prefix):]
         for other, name in self.renamed.items():
             if key.startswith(f"{other}."):
@@ -114,6 +118,10 @@ class MappingTable:
         module, _, leaf = key.rpartition(".")
         leaf = self.legacy_leaf_names.get(leaf, leaf)
         return f"{module}.{leaf}" if module else leaf
+
+    def left_out_part(self, name: str) -> str | None:
+        """The `left_out` module a normalized checkpoint name sits under, or None."""
+        return next((part for part in self.left_out if name.startswith(f"{part}.")), None)
 
     def checkpoint_module(self, row: Row, prefixed: bool | str) -> str:
         """Where `row`'s module sits in a transformers model that does (or does not) use the base prefix; a string:

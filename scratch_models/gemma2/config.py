@@ -4,7 +4,7 @@ transformers 4 wrote the rotary base as `rope_theta` and gave no `layer_types` (
 even); transformers 5 writes `rope_parameters` and `layer_types`. Both are read (parts/rotary.py for the first);
 the rotary settings are kept, and saved, as `rope_theta` and `rope_scaling`, which every transformers version reads.
 The -it checkpoints end text at either of two tokens (`eos_token_id` [1, 107]): a list is kept as it is. Gemma 3
-(`gemma3`, `gemma3_text`) is another architecture and is refused by name.
+(`gemma3`, `gemma3_text`) is another architecture, the gemma3_text family's, and is refused here by name.
 """
 
 import dataclasses
@@ -72,10 +72,10 @@ class Gemma2Config(ModelConfig):
         if not isinstance(raw, dict):
             return super().from_dict(raw, source)
         if raw.get("model_type") in LATER_GEMMAS:
-            raise ConfigError(f"{source}: model_type {raw['model_type']!r} is {LATER_GEMMAS[raw['model_type']]}, "
+            raise ConfigError(f"{source}: model_type is {raw['model_type']!r} ({LATER_GEMMAS[raw['model_type']]}), "
                               "another architecture than Gemma 2 (norms on the queries and keys, local and global "
-                              "rotary bases, no soft-capping): not supported; the gemma2 family reads model_type "
-                              "'gemma2' (gemma-2-2b, 9b, 27b)")
+                              "rotary bases, no soft-capping): load it with the gemma3_text family "
+                              "(Gemma3ForCausalLM); the gemma2 family reads model_type 'gemma2' (gemma-2-2b, 9b, 27b)")
         if raw.get("use_bidirectional_attention"):
             raise ConfigError(f"{source}: use_bidirectional_attention=true (attending both ways, as EmbeddingGemma "
                               "does) is not implemented; Gemma 2 here is causal")

@@ -123,12 +123,14 @@ class Gemma2Layer(nn.Module):
     """Norms on both sides of each sublayer: the sublayer reads a normalised copy of the stream (norm_1, norm_2),
     and what it adds to the stream is its output normalised again (post_attn_norm, post_mlp_norm)."""
 
+    attention = Gemma2Attention  # Gemma 3's layer is this one around its own attention
+
     def __init__(self, config: Gemma2Config, layer_idx: int):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.norm_1 = GemmaRMSNorm(h, eps=eps)
         self.ln_1 = HookPoint("b, s, h", "RMSNorm of the residual stream (input_layernorm): the attention's input")
-        self.attn = Gemma2Attention(config, layer_idx)
+        self.attn = self.attention(config, layer_idx)
         self.post_attn_norm = GemmaRMSNorm(h, eps=eps)
         self.attn_out = HookPoint("b, s, h", "the attention's output through its own RMSNorm "
                                   "(post_attention_layernorm): what attention adds to the stream")

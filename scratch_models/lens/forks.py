@@ -62,8 +62,8 @@ class Fork:
 def forks(model, stream, resolved: dict[str, Resolved]) -> dict[str, Resolved]:
     """TL's switched-on names of `model` (see the module's doc), from the hook names its table resolves and its
     residual stream: `blocks.{i}.hook_{q,k,v}_input` and `blocks.{i}.hook_attn_in` where the layer's hook_q, hook_k
-    and hook_v are ours to replace, `blocks.{i}.hook_mlp_in` on a pre-LN family whose table names ln2's output (a
-    table may name hook_mlp_in itself, as BERT's does)."""
+    and hook_v are ours to replace, `blocks.{i}.hook_mlp_in` on a pre-LN family whose table names ln2's output or, where no norm
+    reads the MLP's input, that input (`mlp.hook_in`); a table may name hook_mlp_in itself, as BERT's does."""
     out = {}
 
     def replaceable(name: str) -> bool:
@@ -80,8 +80,12 @@ def forks(model, stream, resolved: dict[str, Resolved]) -> dict[str, Resolved]:
                 out[name] = Resolved(name, Fork("use_split_qkv_input", True, False, (target,)), source, layer)
             name = f"blocks.{layer}.hook_attn_in"
             out[name] = Resolved(name, Fork("use_attn_in", True, False, tuple(targets.values())), source, layer)
-        name, normalised = f"blocks.{layer}.hook_mlp_in", "blocks.{i}.ln2.hook_out"
-        if not stream.post_ln and name not in resolved and replaceable(normalised.format(i=layer)):
+        # what the MLP reads, recomputed from the copy: ln2's output, or the MLP's input itself where no norm comes
+        # between the stream and the MLP (OLMo 2)
+        name = f"blocks.{layer}.hook_mlp_in"
+        normalised = next((target for target in ("blocks.{i}.ln2.hook_out", "blocks.{i}.mlp.hook_in")
+                           if replaceable(target.format(i=layer))), None)
+        if not stream.post_ln and name not in resolved and normalised is not None:
             source = stream.decomposition(layer, True)[1]
             out[name] = Resolved(name, Fork("use_hook_mlp_in", False, True, ((normalised, None, None),)), source,
                                  layer)

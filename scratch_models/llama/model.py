@@ -109,13 +109,15 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm: each sublayer reads an RMS-normalised copy of the residual stream and adds its output back to it."""
 
+    norm = RMSNorm  # Gemma's layer is this one with its (1 + w) norm
+
     def __init__(self, config: LlamaLikeConfig, layer_idx: int):
         super().__init__()
-        self.norm_1 = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_1 = self.norm(config.hidden_size, config.rms_norm_eps)
         self.ln_1 = HookPoint("b, s, h", "RMSNorm of the residual stream (input_layernorm): the attention's input")
         self.attn = LlamaAttention(config, layer_idx)
         self.resid_mid = HookPoint("b, s, h", "residual stream plus attention")
-        self.norm_2 = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_2 = self.norm(config.hidden_size, config.rms_norm_eps)
         self.ln_2 = HookPoint("b, s, h", "RMSNorm (post_attention_layernorm) of the residual stream: the MLP's input")
         self.mlp = self.feed_forward(config, layer_idx)
         self.out = HookPoint("b, s, h", "residual stream plus attention and MLP: the layer's output")
@@ -137,15 +139,17 @@ class LlamaModel(CausalDecoder):
     # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained,
     # unless its rope scaling is made to go there (CausalDecoder.table_size)
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
-    layer_class = LlamaDecoderLayer  # a variant whose layers differ (a mixture of experts' MLP) names its own
+    # what a variant changes: Gemma (1) its embeddings scaled by sqrt(hidden), its layers and final norm scaling by
+    # (1 + w); a mixture of experts its layers' MLP
+    embeddings_class, layer_class, norm = LlamaEmbeddings, LlamaDecoderLayer, RMSNorm
 
     def __init__(self, config: LlamaLikeConfig):
         super().__init__()
         self.config = config
         self.sliding_window = config.sliding_window if any(config.sliding_layers) else None
-        self.embeddings = LlamaEmbeddings(config)
+        self.embeddings = self.embeddings_class(config)
         self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
-        self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm_f = self.norm(config.hidden_size, config.rms_norm_eps)
         self.ln_f = HookPoint("b, s, h", "final RMSNorm of the residual stream (norm): the last hidden state")
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,
                                       config.rope_scaling)

@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from ..parts.config import ConfigError, require_positive, require_probability
 from ..llama.config import LlamaLikeConfig
+from ..parts.config import ConfigError, require_positive, require_probability
 
 
 @dataclasses.dataclass(frozen=True)

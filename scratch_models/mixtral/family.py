@@ -3,8 +3,8 @@ models."""
 
 from weight_mapping.mixtral import MIXTRAL
 
-from ..registry.family import Family
 from ..llama.family import GROUPED, LIKE_LLAMA
+from ..registry.family import Family
 from .config import MixtralConfig
 from .model import MixtralForCausalLM, MixtralModel
 from .task_heads import MixtralForQuestionAnswering, MixtralForSequenceClassification, MixtralForTokenClassification
@@ -41,6 +41,7 @@ FAMILY = Family(
     tiny_config=dict(vocab_size=37, hidden_size=48, intermediate_size=16, num_hidden_layers=2, num_attention_heads=3,
                      num_key_value_heads=1, head_dim=20, max_position_embeddings=24, sliding_window=5,
                      num_local_experts=5, num_experts_per_tok=2, bos_token_id=36, eos_token_id=36),
+    tokenizer_specials={"bos": "<s>", "eos": "</s>", "unk": "<unk>"}, tokenizer_prepends_bos=True,
     summary=SUMMARY.format(title="Mixtral", heads=GROUPED, mlp="Every layer's MLP is a mixture of experts.",
                            renormalised=", renormalised over the k chosen", more=WINDOW),
     lm_checkpoint="mistralai/Mixtral-8x7B-v0.1",

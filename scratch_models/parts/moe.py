@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from .hook_point import HookPoint
-from .tracing import is_tracing
 from .mlp import GatedMLP
+from .tracing import is_tracing
 
 
 class SparseMoeBlock(nn.Module):

@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from ..parts.config import ConfigError, require_positive
 from ..llama.config import LlamaLikeConfig
 from ..mixtral.config import require_experts
+from ..parts.config import ConfigError, require_positive
 
 
 @dataclasses.dataclass(frozen=True)

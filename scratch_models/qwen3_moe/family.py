@@ -3,10 +3,10 @@ models."""
 
 from weight_mapping.qwen3_moe import QWEN3_MOE
 
-from ..registry.family import Family
 from ..llama.family import GROUPED, LIKE_LLAMA
 from ..mixtral.family import SUMMARY
 from ..qwen3.family import NORMS
+from ..registry.family import Family
 from .config import Qwen3MoeConfig
 from .model import Qwen3MoeForCausalLM, Qwen3MoeModel
 from .task_heads import Qwen3MoeForQuestionAnswering, Qwen3MoeForSequenceClassification, Qwen3MoeForTokenClassification
@@ -31,6 +31,7 @@ FAMILY = Family(
                      num_key_value_heads=2, head_dim=10, max_position_embeddings=24, rope_theta=1000.0,
                      attention_bias=True, moe_intermediate_size=8, num_experts=6, num_experts_per_tok=2,
                      norm_topk_prob=True, mlp_only_layers=[0], bos_token_id=36, eos_token_id=36),
+    tokenizer_specials={"eos": "<|endoftext|>", "pad": "<|endoftext|>"},  # no BOS; config's bos_token_id is the end
     summary=SUMMARY.format(title="Qwen3-MoE", heads=GROUPED + NORMS, mlp=MLP,
                            renormalised=" (renormalised over the k chosen where norm_topk_prob)", more=WINDOW),
     lm_checkpoint="Qwen/Qwen3-30B-A3B",

@@ -6,7 +6,7 @@ import importlib
 from weight_mapping import EMBEDDED_NAME, Checkpoint, CheckpointError, embedded_checkpoint, read_config_json
 
 from .family import Family, architectures
-from .known import FAMILY_PACKAGES, refuse_unbuilt
+from .known import FAMILY_PACKAGES, WRAPPED, refuse_unbuilt
 
 FAMILIES: dict[str, Family] = {family.name: family for family in
                                (importlib.import_module(f"scratch_models.{name}").FAMILY for name in FAMILY_PACKAGES)}
@@ -17,11 +17,13 @@ def family_of(checkpoint: Checkpoint) -> Family:
     `architectures` names (a config written by hand or by an old tool may lack model_type). A CheckpointError names
     anything else, and says what a model no family builds is (refuse_unbuilt)."""
     raw, config_path = checkpoint.config_json, checkpoint.config_path
-    declared = FAMILIES.get(raw.get("model_type")) if isinstance(raw.get("model_type"), str) else None
+    model_type = raw.get("model_type")
+    declared = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     refuse_unbuilt(raw, config_path, builds_experts=declared is not None and declared.table.experts_field is not None)
     supported = ", ".join(FAMILIES)
-    model_type = raw.get("model_type")
     if model_type is not None:
+        if isinstance(model_type, str) and model_type in WRAPPED:  # a bigger file one family reads the LM of
+            return FAMILIES[WRAPPED[model_type]]
         if model_type not in FAMILIES:
             raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported; supported: {supported}")
         return FAMILIES[model_type]

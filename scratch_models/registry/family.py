@@ -124,11 +124,15 @@ class PreLNStream(ResidualStream):
             parts.append((f"{l}_attn_out", self.attn_out(l), "attn"))
             if l < layer:
                 parts.append((f"{l}_mlp_out", self.mlp_out(l), "mlp"))
+        total = self.resid_mid(layer) if with_own_attn else self.resid_pre(layer)
+        return parts, total, self.reading_norm(layer, mlp_input)
+
+    def reading_norm(self, layer: int, mlp_input: bool):
+        """The norm that reads the stream `layer` starts from (its MLP's with `mlp_input`; the final norm for the
+        final stream): what the decomposition's parts pass through."""
         if mlp_input:
-            total = self.resid_mid(layer) if with_own_attn else self.resid_pre(layer)
-            return parts, total, self.model.layers[layer].norm_2
-        norm = self.model.norm_f if layer == self.n_layers else self.model.layers[layer].norm_1
-        return parts, self.resid_pre(layer), norm
+            return self.model.layers[layer].norm_2
+        return self.model.norm_f if layer == self.n_layers else self.model.layers[layer].norm_1
 
     def final_norm(self, stack: torch.Tensor) -> torch.Tensor:
         return self.model.norm_f(stack)
@@ -194,7 +198,6 @@ class Family:
     # the config field of a sliding attention window (Gemma 2's sliding_window), where layers have one: a query whose
     # window holds no real token sees no key there, though real tokens come before it
     window_field: str | None = None
-
     def __post_init__(self):
         for cls in (self.base, *self.heads):
             cls.family = self

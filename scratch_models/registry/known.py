@@ -9,19 +9,19 @@ import reprlib
 from weight_mapping import CheckpointError
 
 # the registered families: a package of scratch_models each, whose name is its config.json model_type
-FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe")
+FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                   "olmo2", "mixtral", "qwen3_moe")
+# model_type of a bigger (multimodal) model -> the registered family that reads the language model inside it
+WRAPPED = {"gemma3": "gemma3_text"}
 
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
-# refusal says it (a mixture of experts, Gemma 3, a model that also reads images), rather than "not supported" alone
+# refusal says it (a mixture of experts, a model that also reads images), rather than "not supported" alone
 NOT_BUILT = {
     "qwen2_moe": "Qwen2-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token, "
                  "and a shared expert)",
     "gpt_oss": "GPT-OSS, a mixture of experts not built here (a router with a bias, clamped SwiGLU experts, attention "
                "sinks, alternating sliding windows; the released files store the experts in MXFP4)",
-    "gemma3": "Gemma 3, a multimodal model (a vision tower beside its language model)",
-    "gemma3_text": "Gemma 3's language model (local sliding-window layers with a rotary base of their own between "
-                   "global ones, norms on queries and keys)",
     "llava": "LLaVA, a multimodal model (a vision tower and a projector in front of a language model)",
     "llava_next": "LLaVA-NeXT, a multimodal model (a vision tower and a projector in front of a language model)",
     "qwen2_vl": "Qwen2-VL, a multimodal model (a vision tower beside its language model, rotary positions in three "
@@ -38,9 +38,11 @@ def refuse_unbuilt(raw: dict, config_path, *, builds_experts: bool = False) -> N
     GPTQ, AWQ, bitsandbytes, ... store packed integers and scales in place of the weights), a mixture of experts, a
     multimodal model (a vision or audio tower beside the language model), or a model_type in NOT_BUILT. Refused
     before anything is built or read, so no model is ever half loaded from it. `builds_experts`: the family the
-    config names is a mixture of experts (its table repeats "{e}" rows), so an expert count is its own."""
+    config names is a mixture of experts (its table repeats "{e}" rows), so an expert count is its own. A multimodal
+    file whose language model a family reads (WRAPPED) is not refused here."""
     supported = ", ".join(FAMILY_PACKAGES)
     quantization = raw.get("quantization_config")
+    wrapped = isinstance(raw.get("model_type"), str) and raw["model_type"] in WRAPPED
     if quantization is not None:
         method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
         what = (f"a quantized checkpoint (quantization_config, quant_method {reprlib.repr(method)}): its weights are "
@@ -50,7 +52,7 @@ def refuse_unbuilt(raw: dict, config_path, *, builds_experts: bool = False) -> N
         what = f"model_type {raw['model_type']!r} is {NOT_BUILT[raw['model_type']]}"
     elif not builds_experts and _counts(raw, "num_local_experts", "num_experts", "n_routed_experts"):
         what = "a mixture of experts (config.json counts several experts per layer)"
-    elif any(key in raw for key in ("vision_config", "audio_config")):
+    elif not wrapped and any(key in raw for key in ("vision_config", "audio_config")):
         what = f"a multimodal model (config.json has a {next(k for k in ('vision_config', 'audio_config') if k in raw)})"
     else:
         return

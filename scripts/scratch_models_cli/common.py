@@ -136,17 +136,22 @@ def say_if_stand_in(opened: Opened) -> None:
 
 def family_named_by(repo_id: str) -> Family | None:
     """The family a hub id reads as, without its config.json: the one whose pretrained checkpoint (lm_checkpoint)
-    has the same first word in its name (`EleutherAI/pythia-1b` as `EleutherAI/pythia-70m`, `gpt2-medium` as
-    `gpt2`), or whose name is a word of it (`gpt_neox` in `org/gpt_neox-tiny`); of several, the one whose
-    pretrained checkpoint it is; None when no family or several others do."""
+    shares the most leading words of its name (`EleutherAI/pythia-1b` as `EleutherAI/pythia-70m`, `gemma-2-9b` as
+    `gemma-2-2b` rather than `gemma-3-1b-pt`), a family whose name is a word of it counting half a word more
+    (`gpt_neox` in `org/gpt_neox-tiny`, `gemma` in `gemma-7b`); of several, the one whose pretrained checkpoint it
+    is; None when no family or several do equally."""
     def name(hub_id: str) -> str:
         return hub_id.rpartition("/")[2].lower()
 
-    def first_word(hub_id: str) -> str:
-        return re.split(r"[-_.]", name(hub_id))[0]
+    def score(family: Family) -> float:
+        ours, theirs = re.split(r"[-_.]", name(repo_id)), re.split(r"[-_.]", name(family.lm_checkpoint))
+        shared = next((n for n, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        named = re.search(rf"(^|[-_.]){re.escape(family.name)}($|[-_.])", name(repo_id)) is not None
+        return shared + 0.5 * named
 
-    named = [family for family in FAMILIES.values() if first_word(repo_id) == first_word(family.lm_checkpoint)
-             or re.search(rf"(^|[-_.]){re.escape(family.name)}($|[-_.])", name(repo_id))]
+    scores = {family.name: score(family) for family in FAMILIES.values()}
+    best = max(scores.values())
+    named = [family for family in FAMILIES.values() if best and scores[family.name] == best]
     # a family's own checkpoint decides between families of one name (Qwen/Qwen3-30B-A3B, Qwen3-MoE's, and Qwen3)
     own = [family for family in named if family.lm_checkpoint.lower() == repo_id.lower()]
     return own[0] if len(own) == 1 else named[0] if len(named) == 1 else None

@@ -198,7 +198,16 @@ def _base_models(opened: Opened, reference_dir, rows, device, dtype, notes: list
                                                                   dtype=dtype, output_loading_info=True,
                                                                   experts_implementation=EXPERTS)
     head = opened.head()
-    if info["missing_keys"] and head is not None:
+    wrapper = _wrapper(opened)
+    if info["missing_keys"] and wrapper is not None:
+        # the language model inside a bigger model's file (Gemma 3's multimodal one): transformers reads it only
+        # as that model, whose language model is then the reference
+        whole, info = getattr(transformers, wrapper).from_pretrained(
+            reference_dir, attn_implementation="eager", dtype=dtype, output_loading_info=True)
+        reference = whole.get_decoder()
+        notes.append(f"{name}: this file is a {wrapper}'s; compared with the language model of transformers' "
+                     f"{wrapper} (which loads the vision tower ours leaves out)")
+    elif info["missing_keys"] and head is not None:
         # transformers' base class reads only its own prefix: a head class that names its base otherwise (Llama's
         # question answering keeps it under `transformer.`) is read whole, and its own base compared
         whole, info = getattr(transformers, head.__name__).from_pretrained(
@@ -226,7 +235,7 @@ def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, devic
     import transformers
 
     dtype = dtype or torch.float32
-    name = head.__name__
+    name = _wrapper(opened) or head.__name__  # the whole multimodal model where the file is one: text in, logits out
     attention = "sdpa" if getattr(transformers, name)._supports_sdpa else "eager"
     if attention == "sdpa":
         sighted = None
@@ -269,10 +278,23 @@ def _compare_head(opened: Opened, head: type, reference_dir, inputs: dict, devic
     return rows
 
 
+def _wrapper(opened: Opened) -> str | None:
+    """transformers' class of the bigger model a file holds our family's language model inside (config.json's
+    architectures, where its model_type is one the family reads the language model of), else None."""
+    import transformers
+
+    from scratch_models.registry.family import architectures
+    from scratch_models.registry.known import WRAPPED
+
+    model_type = opened.checkpoint.config_json.get("model_type")
+    if not isinstance(model_type, str) or WRAPPED.get(model_type) != opened.family.name:
+        return None
+    return next((cls for cls in architectures(opened.checkpoint.config_json) if hasattr(transformers, cls)), None)
+
+
 def _loading_notes(name: str, info) -> list[str]:
     """What loading decided beyond the plain rename: tensors left out, and pairs loaded untied."""
-    return [f"{name}: {note}" for note in info.notes] + [f"{name}: ignored {key} ({why})"
-                                                          for key, why in info.ignored.items()]
+    return [f"{name}: {line}" for line in (*info.notes, *info.ignored_lines())]
 
 
 def _tolerance(row, dtype) -> tuple[float, float]:

@@ -226,3 +226,36 @@ def test_skipped_tests_say_why_without_asking(tmp_path):
                            str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path / "test_skips.py")],
                           capture_output=True, text=True, timeout=120)
     assert "SKIPPED [1] " in done.stdout and "no CUDA device on this machine" in done.stdout, done.stdout
+
+
+def test_a_left_out_module_is_skipped_once_noted_and_the_longest_prefix_is_stripped(tmp_path):
+    """A table that reads a language model inside a bigger checkpoint (a multimodal file: `model.language_model.`
+    before the layers, a vision tower beside them): the longest base prefix that fits is stripped (`model.` alone
+    would leave `language_model.` on every key), every tensor under a `left_out` module is skipped for its reason,
+    the notes say so once with the count, and the summary gives those hundreds of keys one line."""
+    import dataclasses
+
+    from weight_mapping import load_state, open_checkpoint
+    from weight_mapping.gemma2 import GEMMA2
+
+    table = dataclasses.replace(GEMMA2, head_prefixes=("model.language_model.",),
+                                left_out={"vision_tower": "an image encoder, not built here"})
+    assert table.normalize("model.language_model.layers.0.mlp.up_proj.weight") == "layers.0.mlp.up_proj.weight"
+    assert table.normalize("model.vision_tower.encoder.weight") == "vision_tower.encoder.weight"
+    names = {"embed_tokens.weight": (5, 4), "norm.weight": (4,)}
+    tensors = {f"model.language_model.{key}": torch.ones(shape) for key, shape in names.items()}
+    tensors |= {f"model.vision_tower.block.{n}.weight": torch.zeros(2) for n in range(5)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    expected = {"embeddings.embed_tokens.weight": torch.Size((5, 4)), "norm_f.weight": torch.Size((4,))}
+    state, info = load_state(table, open_checkpoint(tmp_path), expected, 0, model_name="M", tied=False)
+    assert set(state) == set(expected) and info.loaded["norm_f.weight"] == "model.language_model.norm.weight"
+    assert info.ignored == {f"model.vision_tower.block.{n}.weight": "an image encoder, not built here"
+                            for n in range(5)}
+    assert info.notes == ["left out vision_tower (5 tensors): an image encoder, not built here"]
+    assert ("ignored 5 tensors (model.vision_tower.block.0.weight, model.vision_tower.block.1.weight, "
+            "model.vision_tower.block.2.weight, ...): an image encoder, not built here") in info.summary()
+    # without left_out the same tensors are unexpected, named
+    with pytest.raises(CheckpointError, match="model.vision_tower.block.0.weight"):
+        load_state(dataclasses.replace(table, left_out={}), open_checkpoint(tmp_path), expected, 0, model_name="M",
+                   tied=False)

@@ -453,8 +453,8 @@ def test_config_reads_transformers_4_and_5_names_alike():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"model_type": "gemma3"}, "'gemma3' is Gemma 3, another architecture"),
-    ({"model_type": "gemma3_text"}, r"'gemma3_text' is Gemma 3 \(its text model\)"),
+    ({"model_type": "gemma3"}, r"model_type is 'gemma3' \(Gemma 3\), another architecture"),
+    ({"model_type": "gemma3_text"}, r"'gemma3_text' \(Gemma 3 \(its text model\)\).*the gemma3_text family"),
     ({"model_type": "gemma"}, "model_type is 'gemma', but Gemma2Config needs 'gemma2'"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true"),
     ({"rope_parameters": {"rope_type": "proportional", "factor": 2.0}}, "rope type 'proportional' is not supported"),

@@ -181,7 +181,9 @@ def test_task_heads_match_transformers_outputs_and_losses(tmp_path, family, head
     token_classification_bias is false, its dropout classifier_dropout), the question answering class of Llama and
     Qwen keeps its base model as `transformer`. Loaded with nothing left over, the same outputs and losses."""
     declared = FAMILIES[family]
-    ours = next(cls for cls in declared.heads if cls.__name__.endswith(f"For{head}"))
+    ours = next((cls for cls in declared.heads if cls.__name__.endswith(f"For{head}")), None)
+    if ours is None:
+        pytest.skip(f"transformers gives {declared.title} no {head} class")
     labels = 3 if head == "SequenceClassification" else 4
     changes = dict(id2label={i: f"class {i}" for i in range(labels)}, pad_token_id=0, classifier_dropout=0.25,
                    token_classification_bias=bias)
