@@ -29,7 +29,8 @@ class AsIs:
 class Olmo2Stream(PreLNStream):
     """The stream is a running sum of the token embeddings and every attention and MLP output through its post-norm
     (`attn_out`, `mlp_out`), as Gemma 2's, but the sublayers read it unnormalised: only the final norm reads a sum of
-    parts through a divisor. A head's part of the stream is its result through the post-attention norm."""
+    parts through a divisor. A head's part of the stream is its result through the post-attention norm, a
+    neuron's its output through the post-MLP norm."""
 
     embed_parts = (("embed", "embeddings.word"),)
 
@@ -41,6 +42,9 @@ class Olmo2Stream(PreLNStream):
 
     def attn_out_norm(self, layer):
         return f"layers.{layer}.attn.proj", self.model.layers[layer].post_attn_norm
+
+    def mlp_out_norm(self, layer):
+        return f"layers.{layer}.mlp.proj", self.model.layers[layer].post_mlp_norm
 
     def out_weight(self, layer):
         return self.model.layers[layer].attn.o_proj.weight.T

@@ -111,8 +111,15 @@ def logits_both_ways(family: str, kind: str, directory, lengths=(10, 40), spelli
             yield length, ours(input_ids=ids).logits, theirs(input_ids=ids).logits
 
 
-@pytest.mark.parametrize("family", ROTARY_FAMILIES)
-@pytest.mark.parametrize("kind", KINDS)
+# transformers 5.24 reads yarn's `truncate` from the top of a config's rope_parameters, which for Gemma 3 holds one
+# dict per layer type, so it truncates whatever the global layers' dict says; ours reads the dict (its frequencies
+# are transformers' own for every other family, and for Gemma 3 without truncate: checked by hand)
+TRUNCATE_UNREAD = pytest.mark.xfail(strict=True, reason="transformers ignores Gemma 3's per-layer `truncate`")
+CASES = [pytest.param(kind, family, marks=TRUNCATE_UNREAD if (family, kind) == (
+    "gemma3_text", "yarn, DeepSeek's mscale, not truncated") else ()) for kind in KINDS for family in ROTARY_FAMILIES]
+
+
+@pytest.mark.parametrize("kind, family", CASES)
 def test_every_rotary_family_matches_transformers_past_the_trained_length(tmp_path, family, kind):
     """40 positions: past max_position_embeddings (24) for dynamic, past the original length (12) for yarn and
     longrope (the long factors); 10 positions: within both (longrope's short factors)."""
