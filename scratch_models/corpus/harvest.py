@@ -57,7 +57,8 @@ class Summary:
         lines = [f"harvest: {self.shards} shard{'s' * (self.shards != 1)}, {self.rows} rows of {', '.join(self.names)}, "
                  f"{human_bytes(self.bytes)} in {self.out}",
                  f"  {self.tokens} tokens in {self.seconds:.1f} s ({rate:,.0f} tokens/s)"
-                 + (f"; {self.resumed_shards} of the shards were there already" if self.resumed_shards else ""),
+                 + (f"; {self.resumed_shards} of the shards {'was' if self.resumed_shards == 1 else 'were'} there "
+                    "already" if self.resumed_shards else ""),
                  f"  padding {100 * self.padding:.1f}% of the batches' positions"]
         if self.empty_documents:
             lines.append(f"  {self.empty_documents} empty documents skipped (no token)")
@@ -157,6 +158,9 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
             written = sum(counts["bytes"] for counts in done.values()) + sum(k["bytes"] for k in kept.values())
             check_space(out, max(0, estimate["bytes"] - written), estimate["basis"])
         state = _Run(plan, out, shard_features, rank, world, progress, estimate, done, kept, chosen)
+        # the time before the first batch (the lock, the model's hash, the plan, the probe, the threads), so the
+        # summary's times add up to the whole run and a run with nothing left to do shows where its seconds went
+        setup = time.perf_counter() - start
         try:
             with plan.runner.listening():
                 total = state.run(blocks)
@@ -168,7 +172,7 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         state.close_bar()
         tokens = _all_ranks(state.tokens, world)
         _barrier(world)  # every shard is on disk
-        summary = _summary(plan, out, state, total, tokens, time.perf_counter() - start)
+        summary = _summary(plan, out, state, total, tokens, time.perf_counter() - start, setup)
         if rank == 0:
             dataset = finish(out, total, shard_features)
             write_json_atomic(out / MANIFEST, _manifest(settings, summary, plan, world))
@@ -403,7 +407,7 @@ def _text_bytes(plan: Plan, documents: set) -> int:
     return total
 
 
-def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, seconds: float) -> Summary:
+def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, seconds: float, setup: float) -> Summary:
     done = done_blocks(out)
     return Summary(out=str(out), names=plan.names, shards=blocks, resumed_shards=len(state.done),
                    rows=sum(c["rows"] for c in done.values()), tokens=tokens,
@@ -411,7 +415,8 @@ def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, secon
                    empty_documents=plan.counts.get("empty", 0),
                    dropped_tokens=sum(c["dropped_tokens"] for c in done.values()),
                    padding=1 - state.tokens / state.positions if state.positions else 0.0,
-                   timings={k: round(v, 3) for k, v in state.timings.items()},
+                   timings={k: round(v, 3) for k, v in {"setting up (model, plan, probe)": setup,
+                                                        **state.timings}.items()},
                    threads=f"{state.threads}, the tokenizer and the writer one each")
 
 

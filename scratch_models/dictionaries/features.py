@@ -81,7 +81,8 @@ class FeatureSummary:
             f"features: {self.features} features of the dictionary at {self.hook}, {self.alive} fired over "
             f"{self.tokens} tokens ({self.l0:.1f} a token); pages and dataset in {self.out}",
             f"  {self.tokens_this_run} tokens this run in {self.seconds:.1f} s ({rate:,.0f} tokens/s over the corpus)"
-            + (f"; {self.resumed_blocks} blocks were counted before" if self.resumed_blocks else ""),
+            + (f"; {self.resumed_blocks} block{' was' if self.resumed_blocks == 1 else 's were'} counted before"
+               if self.resumed_blocks else ""),
             f"  logit effects: {self.logit_effects}"]
             + ([f"  threads (this process): {self.threads}"] if self.threads else [])
             + ["  time (this process): " + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items())])

@@ -362,15 +362,22 @@ class Tokenizer:
         return [self.backend.decode([i], skip_special_tokens=False) for i in self._id_list(ids)]
 
     def shown_tokens(self, ids) -> list[str]:
-        """As str_tokens, for display: a token that holds part of a character (a byte-level BPE's piece of an
-        emoji or a CJK character, a byte-fallback `<0xE2>`), which decodes alone to the replacement character �,
-        is shown as its bytes instead ("\\xe2\\x80"), so pages tell such tokens apart."""
+        """As str_tokens, for display, so that the tokens of a context put side by side read as the tokenizer
+        decodes the text: a token that holds part of a character (a byte-level BPE's piece of an emoji or a CJK
+        character, a byte-fallback `<0xE2>`), which decodes alone to the replacement character �, is shown as its
+        bytes instead ("\\xe2\\x80"); a WordPiece token (BERT's) starts with the space that separates words, and a
+        continuing piece ("##s") without its marker, so "monday" "##s" "at" shows as " monday" "s" " at"."""
         texts = self.str_tokens(ids)
         for n, i in enumerate(self._id_list(ids)):
             if "\ufffd" in texts[n]:
                 raw = _token_bytes(self.backend.id_to_token(i) or "")
                 if raw is not None:
                     texts[n] = raw.decode("utf-8", errors="backslashreplace")
+        from tokenizers import decoders
+
+        if isinstance(self.backend.decoder, decoders.WordPiece):
+            prefix = self.backend.decoder.prefix
+            texts = [text.removeprefix(prefix) if text.startswith(prefix) else f" {text}" for text in texts]
         return texts
 
     def _id_list(self, ids) -> list[int]:

@@ -127,9 +127,9 @@ model = BertModel.from_pretrained("minilm", dtype=torch.float64)  # float64: the
 batch = model.tokenizer("{SENTENCE_A}", "{SENTENCE_B}")"""
 
 
-def _lines(code: str) -> str:
-    """A section's numbers, as the lines that make them: SETUP, then `code`."""
-    return f"**The lines that make them.**\n\n```python\n{SETUP}\n{code.strip()}\n```"
+def _lines(code: str, setup: str = SETUP) -> str:
+    """A section's numbers, as the lines that make them: `setup` (MiniLM's run, by default), then `code`."""
+    return f"**The lines that make them.**\n\n```python\n{setup}\n{code.strip()}\n```"
 
 
 def _key_table(table: MappingTable, modules: list[str], shape_of, saved_column: str, shape_column: str) -> str:
@@ -807,6 +807,15 @@ def _gpt_neox_section(images: Path | None) -> str:
 
     pairs = [(2, 0), (9, 7), (1002, 1000), (7, 0)]
     scores = [[f"{m}", f"{n}", f"{m - n}", _num(score(m, n))] for m, n in pairs]
+    lines = _lines(f"""
+g = torch.Generator().manual_seed(0)
+q, k = torch.randn(2, 1, 1, 1, {config.head_dim}, generator=g, dtype=torch.float64)  # a query and a key of one head
+rotary = RotaryEmbedding({config.rotary_dim}, {config.rotary_emb_base}, {config.max_position_embeddings})  # pythia-70m's
+for m, n in {pairs}:
+    cos, sin = rotary(torch.tensor([[m, n]]), torch.float64)  # the angles at positions m and n
+    turned_q, turned_k = rotate(q, cos[:, :1], sin[:, :1]), rotate(k, cos[:, 1:], sin[:, 1:])
+    print(m, n, f"{{float((turned_q * turned_k).sum()):.4f}}")  # q'·k'
+""", setup="import torch\nfrom scratch_models.parts.rotary import RotaryEmbedding, rotate\n")
     # the parallel residual, in numbers: a random tiny GPT-NeoX (the tests' config), float64
     tiny = FAMILIES["gpt_neox"].tiny()
     torch.manual_seed(0)
@@ -862,6 +871,8 @@ within a head), and the rotary frequencies are recomputed from config.json, neve
 $`q' \\cdot k'`$ depends on the distance $`m - n`$ alone.
 
 {_table(["query at m", "key at n", "m - n", "q'·k'"], scores)}
+
+{lines}
 
 **The parallel residual.** GPT-2's block feeds the MLP the stream after attention has added to it. GPT-NeoX
 (`use_parallel_residual`, true in every Pythia model) gives attention and the MLP the same input, the layer's,

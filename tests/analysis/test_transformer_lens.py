@@ -521,7 +521,9 @@ def test_patching_metrics_get_the_logits_and_logit_diff_reads_the_last_position(
                 naive[layer, position] = tl_metric(lens.run_with_hooks(
                     corrupted, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", patch)]))
     assert_parity(by_tl, naive.double(), "TL's sweep", **model_sizes(lens.cfg), dtype=torch.float32)
-    assert torch.equal(by_ours, by_positions)
+    # two sweeps whose forward passes batch the patched runs alike but read the logits their own way: not
+    # bitwise on every CPU (two torch threads, MKL_CBWR=COMPATIBLE), so held to the derived bound
+    assert_parity(by_positions, by_ours, "positions=-1 against the default", **model_sizes(ours.config))
     assert_parity(by_ours, by_tl, "our sweep", **model_sizes(lens.cfg), dtype=torch.float32)
     # no positions: refused where the last position is not each prompt's end, or not what the model predicts
     padded = ours.tokenizer(["Once upon a time", "Once upon a time there lived"])

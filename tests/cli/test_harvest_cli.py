@@ -30,12 +30,18 @@ def test_harvest_writes_prints_and_resumes(tmp_path, capsys):
     assert main(arguments) == 0
     printed = capsys.readouterr().out
     assert f"harvest: 1 shard, {len(TEXTS)} rows of layers.3.out, pooler.out" in printed
-    assert "tokens/s" in printed and "time (this process): reading and tokenizing" in printed
+    assert "tokens/s" in printed and "time (this process): setting up (model, plan, probe)" in printed
+    assert "reading and tokenizing" in printed
     assert "threads (this process): " in printed and "on 1 torch thread each" in printed
     rows = datasets.load_from_disk(str(out)).with_format("torch")[:]
     assert sorted(rows["document"].tolist()) == list(range(len(TEXTS))) and (rows["position"] == 0).all()
     assert main(arguments) == 0
-    assert "1 of the shards were there already" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1 of the shards was there already" in printed
+    # a run with nothing left to do says where its seconds went: the setting up is nearly all of them
+    seconds = float(re.search(r"tokens in ([\d.]+) s", printed).group(1))
+    setup = float(re.search(r"setting up \(model, plan, probe\) ([\d.]+) s", printed).group(1))
+    assert setup <= seconds and setup >= 0.5 * seconds, printed
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -193,3 +193,18 @@ def test_with_the_error_term_the_stream_gradient_is_the_models_up_to_the_roundin
     bound = 4 * torch.finfo(torch.float32).eps * (own.abs() + through_dictionary.abs())
     assert bool(((spliced - own).abs() <= bound).all())
     assert float(through_dictionary.abs().max()) > float(own.abs().max()) / 10  # the cancellation is not trivial
+
+
+def test_feature_pages_show_bert_word_pieces_as_the_text_reads():
+    """A BERT feature page put word pieces side by side with nothing between them ("mondaysatdogarrow"): each
+    WordPiece token now carries the space before its word, a continuing piece ("##s") none, so a context reads as
+    the tokenizer decodes it."""
+    from scratch_models.registry.tokenizer import Tokenizer
+    from weight_mapping import embedded_checkpoint, open_checkpoint
+
+    tokenizer = Tokenizer(open_checkpoint(embedded_checkpoint()))
+    ids = tokenizer("unbelievably the tokenization of mondays")["input_ids"][0]
+    pieces = tokenizer.str_tokens(ids)
+    assert any(piece.startswith("##") for piece in pieces), pieces  # a word split in pieces, so the test means it
+    shown = "".join(tokenizer.shown_tokens(ids)).strip()
+    assert shown == " ".join(["[CLS]", tokenizer.decode(ids, skip_special_tokens=True), "[SEP]"]), shown

@@ -141,13 +141,13 @@ def test_the_lines_beside_the_numbers_make_them():
 
     page = PAGE.read_text(encoding="utf-8")
     blocks = re.findall(r"\*\*The lines that make them\.\*\*\n\n```python\n(.*?)```", page, flags=re.S)
-    assert len(blocks) >= 3
+    assert len(blocks) >= 4
     shown = set(re.findall(r"-?\d+\.\d{4}", page))
     for code in blocks:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(code, "the walkthrough's lines", "exec"), {"__name__": "__walkthrough__"})
         printed = re.findall(r"-?\d+\.\d{4}", out.getvalue())
-        assert len(printed) >= 8, out.getvalue()
+        assert len(printed) >= 4, out.getvalue()
         missing = [n for n in printed if n not in shown and n.replace("-", "", 1) not in shown]
         assert not missing, (missing, code)
