@@ -76,7 +76,8 @@ class FeatureSummary:
     threads: str = ""  # the threads it ran on, in words
 
     def format(self) -> str:
-        rate = self.tokens_this_run / self.timings.get("pass", self.seconds) if self.seconds else 0.0
+        passed = self.timings.get("pass", self.seconds)
+        rate = self.tokens_this_run / passed if passed else 0.0
         return "\n".join([
             f"features: {self.features} features of the dictionary at {self.hook}, {self.alive} fired over "
             f"{self.tokens} tokens ({self.l0:.1f} a token); pages and dataset in {self.out}",
@@ -141,6 +142,9 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
         done = _done_blocks(out)
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
+        # the time before the first block (the lock, the model, the dictionary's hash, the plan, the threads), apart
+        # from the pass itself, so a run with nothing left to count does not report seconds of a pass it never made
+        setup = time.perf_counter() - start
         try:
             run.run(block_tokens, save_seconds)
         except KeyboardInterrupt:  # Ctrl-C: say what is kept (the command line prints it and exits 130)
@@ -152,7 +156,9 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
                               f"{save_seconds:g} s of it, is counted again)") from None
         finally:
             run.pool.shutdown(cancel_futures=True)
-        run.timings["pass"] = time.perf_counter() - start  # everything up to here: what grows with the corpus
+        run.timings = {"setting up (model, dictionary, plan)": setup,
+                       "pass": time.perf_counter() - start - setup,  # what grows with the corpus
+                       **run.timings}
         _barrier(world)
         summary = dataset = None
         if rank == 0:

@@ -169,3 +169,16 @@ def test_ctrl_c_exits_130_with_one_line_and_the_same_command_resumes(tiny_gpt2, 
                     "resumes (what this run counted since it last saved, at most 60 s of it, is counted again)\n"), said
     done = subprocess.run([sys.executable, "-m", "scratch_models", *command], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_run_with_nothing_left_to_count_reports_no_pass_it_did_not_make(lm, sae, reference, tmp_path):
+    """features once reported "pass 17.0 s" for 0 tokens: the model, the dictionary's hash and the plan were
+    counted as the pass. The setting up is its own time; a run with nothing left to count reports 0 tokens in a
+    pass of next to nothing."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    _, summary = run_features(lm, sae, CORPUS, out, **SETTINGS)
+    assert summary.tokens_this_run == 0
+    setup, passed = summary.timings["setting up (model, dictionary, plan)"], summary.timings["pass"]
+    assert passed <= setup and passed <= 0.5 * summary.seconds, summary.format()
+    assert "0 tokens this run" in summary.format()
