@@ -8,12 +8,12 @@ families.
 
 import dataclasses
 
-from ..llama.config import LlamaLikeConfig
+from ..llama.config import BiasedByAttentionBias, LlamaLikeConfig
 from ..parts.config import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
-class GemmaConfig(LlamaLikeConfig):
+class GemmaConfig(BiasedByAttentionBias, LlamaLikeConfig):
     model_type = "gemma"
 
     vocab_size: int = 256_000
@@ -45,11 +45,3 @@ class GemmaConfig(LlamaLikeConfig):
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"{source}: pad_token_id {self.pad_token_id} is not an id of the vocabulary "
                               f"0..{self.vocab_size - 1} (the embedding's padding row, which training leaves alone)")
-
-    @property
-    def qkv_bias(self) -> bool:
-        return self.attention_bias
-
-    @property
-    def o_proj_bias(self) -> bool:
-        return self.attention_bias

@@ -111,14 +111,10 @@ class LlamaLikeConfig(ModelConfig):
         return generic_token_classifier_dropout(self)
 
 
-@dataclasses.dataclass(frozen=True)
-class LlamaConfig(LlamaLikeConfig):
-    """Llama 1, 2 and 3 (and the many checkpoints that reuse its architecture: TinyLlama, SmolLM, Vicuna, ...)."""
-
-    model_type = "llama"
-
-    attention_bias: bool = False  # q_proj, k_proj, v_proj and o_proj add a bias
-    mlp_bias: bool = False  # gate_proj, up_proj and down_proj add a bias
+class BiasedByAttentionBias:
+    """A config whose config.json says with attention_bias whether q_proj, k_proj, v_proj and o_proj add a bias
+    (Llama's, Gemma's, OLMo 2's, Qwen 3's): the variant declares the field, this answers LlamaLikeConfig's
+    questions from it."""
 
     @property
     def qkv_bias(self) -> bool:
@@ -127,3 +123,13 @@ class LlamaConfig(LlamaLikeConfig):
     @property
     def o_proj_bias(self) -> bool:
         return self.attention_bias
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig(BiasedByAttentionBias, LlamaLikeConfig):
+    """Llama 1, 2 and 3 (and the many checkpoints that reuse its architecture: TinyLlama, SmolLM, Vicuna, ...)."""
+
+    model_type = "llama"
+
+    attention_bias: bool = False  # q_proj, k_proj, v_proj and o_proj add a bias
+    mlp_bias: bool = False  # gate_proj, up_proj and down_proj add a bias

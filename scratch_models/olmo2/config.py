@@ -4,11 +4,11 @@ head is hidden / heads wide."""
 
 import dataclasses
 
-from ..llama.config import LlamaLikeConfig
+from ..llama.config import BiasedByAttentionBias, LlamaLikeConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class Olmo2Config(LlamaLikeConfig):
+class Olmo2Config(BiasedByAttentionBias, LlamaLikeConfig):
     model_type = "olmo2"
 
     vocab_size: int = 50304
@@ -23,11 +23,3 @@ class Olmo2Config(LlamaLikeConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list | None = 50279
     tie_word_embeddings: bool = False
-
-    @property
-    def qkv_bias(self) -> bool:
-        return self.attention_bias
-
-    @property
-    def o_proj_bias(self) -> bool:
-        return self.attention_bias

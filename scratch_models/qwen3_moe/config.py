@@ -2,13 +2,13 @@
 
 import dataclasses
 
-from ..llama.config import LlamaLikeConfig
+from ..llama.config import BiasedByAttentionBias, LlamaLikeConfig
 from ..mixtral.config import require_experts
 from ..parts.config import ConfigError, require_positive
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen3MoeConfig(LlamaLikeConfig):
+class Qwen3MoeConfig(BiasedByAttentionBias, LlamaLikeConfig):
     """Qwen 3's mixtures of experts (Qwen3-30B-A3B, Qwen3-235B-A22B) as transformers' Qwen3MoeConfig reads them:
     Qwen 3's attention (an RMSNorm over each head's queries and keys before the rotation; biases on q, k, v and o
     only where attention_bias says so), and each layer's MLP either a mixture of num_experts gated experts of width
@@ -65,14 +65,6 @@ class Qwen3MoeConfig(LlamaLikeConfig):
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.mlp_only_layers):
             raise ConfigError(f"{source}: field 'mlp_only_layers' should list layer indices, got "
                               f"{self.mlp_only_layers!r}")
-
-    @property
-    def qkv_bias(self) -> bool:
-        return self.attention_bias
-
-    @property
-    def o_proj_bias(self) -> bool:
-        return self.attention_bias
 
     @property
     def sparse_layers(self) -> tuple[bool, ...]:
