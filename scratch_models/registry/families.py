@@ -18,8 +18,7 @@ def family_of(checkpoint: Checkpoint) -> Family:
     anything else, and says what a model no family builds is (refuse_unbuilt)."""
     raw, config_path = checkpoint.config_json, checkpoint.config_path
     model_type = raw.get("model_type")
-    declared = FAMILIES.get(model_type) if isinstance(model_type, str) else None
-    refuse_unbuilt(raw, config_path, builds_experts=declared is not None and declared.table.experts_field is not None)
+    refuse_unbuilt(raw, config_path)
     supported = ", ".join(FAMILIES)
     if model_type is not None:
         if isinstance(model_type, str) and model_type in WRAPPED:  # a bigger file one family reads the LM of

@@ -15,7 +15,7 @@ from weight_mapping import ConfigError, MappingTable
 
 from ..lens.names import LensTable
 from ..parts.rotary import context as rotary_context
-from .known import FAMILY_PACKAGES, refuse_unbuilt
+from .known import refuse_unbuilt
 
 
 class ResidualStream:
@@ -263,11 +263,7 @@ class Family:
         refused, naming them: it would load, and compute something else. So is a model no family builds
         (known.refuse_unbuilt: quantized, a mixture of experts, multimodal), saying what it is."""
         raw = checkpoint.config_json
-        # a quantized checkpoint, a mixture of experts where this family has none, ...: said so. Another registered
-        # family's file is left to the config's own check, which names it as another architecture
-        model_type = raw.get("model_type")
-        theirs = isinstance(model_type, str) and model_type != self.name and model_type in FAMILY_PACKAGES
-        refuse_unbuilt(raw, checkpoint.config_path, builds_experts=theirs or self.table.experts_field is not None)
+        refuse_unbuilt(raw, checkpoint.config_path)  # a quantized checkpoint, a mixture of experts, ...: said so
         named = architectures(raw)
         ours = [cls.__name__ for cls in self.classes]
         if "model_type" not in raw and named and not set(named) & set(ours):

@@ -13,6 +13,9 @@ FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwe
                    "olmo2", "mixtral", "qwen3_moe")
 # model_type of a bigger (multimodal) model -> the registered family that reads the language model inside it
 WRAPPED = {"gemma3": "gemma3_text"}
+# the registered families whose MLPs are mixtures of experts (their tables repeat "{e}" rows): an expert count in
+# their config.json is their own, in any other a model none of them builds
+MIXTURES = ("mixtral", "qwen3_moe")
 
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
@@ -32,14 +35,13 @@ NOT_BUILT = {
 }
 
 
-def refuse_unbuilt(raw: dict, config_path, *, builds_experts: bool = False) -> None:
+def refuse_unbuilt(raw: dict, config_path) -> None:
     """A CheckpointError naming what config.json `raw` describes, and the families that are supported, when it is a
     model none of them builds although its tensors may look like one's: a quantized checkpoint (quantization_config:
     GPTQ, AWQ, bitsandbytes, ... store packed integers and scales in place of the weights), a mixture of experts, a
     multimodal model (a vision or audio tower beside the language model), or a model_type in NOT_BUILT. Refused
-    before anything is built or read, so no model is ever half loaded from it. `builds_experts`: the family the
-    config names is a mixture of experts (its table repeats "{e}" rows), so an expert count is its own. A multimodal
-    file whose language model a family reads (WRAPPED) is not refused here."""
+    before anything is built or read, so no model is ever half loaded from it. A registered mixture of experts
+    (MIXTURES) and a multimodal file whose language model a family reads (WRAPPED) are not refused here."""
     supported = ", ".join(FAMILY_PACKAGES)
     quantization = raw.get("quantization_config")
     wrapped = isinstance(raw.get("model_type"), str) and raw["model_type"] in WRAPPED
@@ -50,7 +52,8 @@ def refuse_unbuilt(raw: dict, config_path, *, builds_experts: bool = False) -> N
                 "from (dtype= casts that one while loading)")
     elif isinstance(raw.get("model_type"), str) and raw["model_type"] in NOT_BUILT:  # a wrong kind: said later
         what = f"model_type {raw['model_type']!r} is {NOT_BUILT[raw['model_type']]}"
-    elif not builds_experts and _counts(raw, "num_local_experts", "num_experts", "n_routed_experts"):
+    elif raw.get("model_type") not in MIXTURES and _counts(raw, "num_local_experts", "num_experts",
+                                                             "n_routed_experts"):
         what = "a mixture of experts (config.json counts several experts per layer)"
     elif not wrapped and any(key in raw for key in ("vision_config", "audio_config")):
         what = f"a multimodal model (config.json has a {next(k for k in ('vision_config', 'audio_config') if k in raw)})"

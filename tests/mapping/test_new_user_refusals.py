@@ -256,3 +256,13 @@ def test_a_model_no_family_builds_is_refused_at_load_saying_what_it_is(tmp_path,
         GPT2LMHeadModel.from_pretrained(tmp_path)
     assert main(["verify", str(tmp_path)]) == 2
     assert "which none of the families here builds" in capsys.readouterr().err
+
+
+def test_the_registered_mixtures_are_the_families_whose_tables_repeat_experts():
+    """known.MIXTURES, which lets a registered mixture's expert count through the refusal below the registry, names
+    exactly the families whose mapping tables repeat "{e}" rows; a dense family's file with an expert count is
+    still refused (an unnamed mixture of experts, above, is a GPT-2 file with one)."""
+    from scratch_models.registry.families import FAMILIES
+    from scratch_models.registry.known import MIXTURES
+
+    assert set(MIXTURES) == {name for name, family in FAMILIES.items() if family.table.experts_field is not None}
