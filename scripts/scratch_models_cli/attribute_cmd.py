@@ -8,7 +8,8 @@ TRANSCODERS: a directory in circuit-tracer's layout (config.yaml + its files) or
 BOS-like token in front where its first token is not special, as circuit-tracer's ensure_tokenized does. OUT gets
 graph.pt, circuit-tracer's frontend files ({slug}.json, graph-metadata.json) and summary.json (the replacement and
 completeness scores, the logit targets, the counts), each written whole and moved into place together at the end;
-a directory another attribute run is writing into is refused.
+a directory another command is writing into is refused (the command line takes OUT's lock, and makes OUT, before
+the model loads).
 """
 
 import json
@@ -78,9 +79,8 @@ def run(args) -> int:
     model = opened.load(family.lm, device=args.device)
     transcoders.to(args.device)
     transcoders.sites(model)  # a set for another model: refused before any work
-    out = Path(args.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(out / f".attribute-{os.getpid()}")
+    out = Path(args.out).expanduser()  # made by its lock (cli.main)
+    staging = out / f".attribute-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
