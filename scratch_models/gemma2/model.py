@@ -156,12 +156,13 @@ class Gemma2Model(CausalDecoder):
     # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained,
     # unless its rope scaling is made to go there (CausalDecoder.table_size)
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
+    layer_class = Gemma2Layer  # Gemma 3 builds on this model with its own layer
 
     def __init__(self, config: Gemma2Config):
         super().__init__()
         self.config = config
         self.embeddings = Gemma2Embeddings(config)
-        self.layers = nn.ModuleList(Gemma2Layer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm_f = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.ln_f = HookPoint("b, s, h", "final RMSNorm of the residual stream: the last hidden state")
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,

@@ -22,8 +22,8 @@ from torch import nn
 
 from weight_mapping.gemma3_text import GEMMA3
 
-from ..decoding.decoder import CausalDecoder, CausalLM, Step
-from ..gemma2.model import Gemma2Embeddings, Gemma2Layer
+from ..decoding.decoder import CausalLM, Step
+from ..gemma2.model import Gemma2Layer, Gemma2Model
 from ..parts.attention import attend, project_heads, result_point
 from ..parts.hook_point import HookPoint
 from ..parts.norms import GemmaRMSNorm
@@ -103,34 +103,23 @@ class Gemma3DecoderLayer(Gemma2Layer):
     attention = Gemma3Attention
 
 
-class Gemma3TextModel(CausalDecoder):
+class Gemma3TextModel(Gemma2Model):
+    """Gemma 2's model with Gemma 3's layers and a second rotary embedding for the local layers."""
+
     config_class = Gemma3TextConfig
     mapping_table = GEMMA3
-    # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained
-    table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
+    layer_class = Gemma3DecoderLayer
 
     def __init__(self, config: Gemma3TextConfig):
-        super().__init__()
-        self.config = config
-        self.embeddings = Gemma2Embeddings(config)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm_f = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.ln_f = HookPoint("b, s, h", "final RMSNorm of the residual stream: the last hidden state")
-        # two rotary embeddings: the global layers' (scaled where config.json says) and the local layers'
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,
-                                      config.rope_scaling)
+        super().__init__(config)
+        # the global layers turn q and k by self.rotary (scaled where config.json says), the local ones by this
         self.rotary_local = RotaryEmbedding(config.head_dim, config.rope_local_base_freq,
                                             config.max_position_embeddings)
-        # the decoder builds the local layers' mask where their window hides keys
-        self.sliding_window = config.sliding_window if "sliding_attention" in config.layer_types else None
 
     def positional(self, x, position_ids):
         """The rotary angles of each kind of layer present, {layer type: (cos, sin)}, once per forward pass."""
         rotaries = {"full_attention": self.rotary, "sliding_attention": self.rotary_local}
         return {kind: rotaries[kind](position_ids, x.dtype) for kind in set(self.config.layer_types)}
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.embed_tokens
 
 
 class Gemma3ForCausalLM(CausalLM, Gemma3TextModel):
