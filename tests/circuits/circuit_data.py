@@ -28,8 +28,8 @@ def tiny_model(family: str, seed: int = 0, **changes):
 
 def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: str = "transcoder_set",
                        jumprelu: bool = False, skip: bool = False, b_dec: bool = True, seed: int = 1,
-                       hooks=DEFAULT_HOOKS, dtype=torch.float32) -> Transcoders:
-    """Random transcoders whose features fire on about half the tokens."""
+                       hooks=DEFAULT_HOOKS, dtype=torch.float32, k: int | None = None) -> Transcoders:
+    """Random transcoders whose features fire on about half the tokens (`k`: TopK, k per token)."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape, scale=1.0):
@@ -46,5 +46,5 @@ def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: 
         threshold=[randn(d_transcoder, scale=0.1).abs() for _ in range(n_layers)] if jumprelu else None,
         W_skip=[randn(d_model, d_model, scale=0.3 * d_model ** -0.5) for _ in range(n_layers)] if skip else None,
     )
-    cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan")
+    cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan", k=k)
     return Transcoders(cfg, **tensors)
