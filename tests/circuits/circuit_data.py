@@ -1,6 +1,9 @@
 """Tiny random models and transcoder sets for the circuit tests (and the circuit-tracer parity script)."""
 
+import json
+
 import torch
+from safetensors.torch import save_file
 
 from scratch_models import FAMILIES
 from scratch_models.circuits import TranscoderConfig, Transcoders
@@ -48,3 +51,40 @@ def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: 
     )
     cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan", k=k)
     return Transcoders(cfg, **tensors)
+
+
+def gemma_scope_2_params(n_layers, *, d_model=48, d_sae=24, affine=False, cross_layer=False, seed=0):
+    """Each layer's params.safetensors tensors as Gemma Scope 2 publishes them (w_enc [h, f], w_dec [f, h] or, cross-
+    layer, [f, n_layers, h] including the unused writes into earlier layers)."""
+    g = torch.Generator().manual_seed(seed)
+    layers = []
+    for _ in range(n_layers):
+        p = {"w_enc": torch.randn(d_model, d_sae, generator=g) * d_model ** -0.5,
+             "w_dec": torch.randn(*((d_sae, n_layers, d_model) if cross_layer else (d_sae, d_model)), generator=g)
+             * 0.3, "b_enc": torch.randn(d_sae, generator=g) * 0.1, "b_dec": torch.randn(d_model, generator=g) * 0.1,
+             "threshold": torch.rand(d_sae, generator=g) * 0.1}
+        if affine:
+            p["affine_skip_connection"] = torch.randn(d_model, d_model, generator=g) * 0.3 * d_model ** -0.5
+        layers.append(p)
+    return layers
+
+
+def write_plt(root, params, variant="width_16k_l0_small", site="transcoder_all", config=True):
+    for layer, p in enumerate(params):
+        folder = root / site / f"layer_{layer}_{variant}"
+        folder.mkdir(parents=True)
+        save_file(p, str(folder / "params.safetensors"))
+        if config:  # as the hub's folders hold it (SAELens' gemma_3 loader reads it)
+            (folder / "config.json").write_text(json.dumps({
+                "architecture": "jump_relu", "model_name": "gemma-v3-1b-pt", "affine_connection": variant.endswith(
+                    "_affine"), "hf_hook_point_in": f"model.layers.{layer}.pre_feedforward_layernorm.output",
+                "hf_hook_point_out": f"model.layers.{layer}.post_feedforward_layernorm.output"}))
+    return root / site / variant
+
+
+def write_clt(root, params, variant="width_262k_l0_medium"):
+    folder = root / "clt" / variant
+    folder.mkdir(parents=True)
+    for layer, p in enumerate(params):
+        save_file(p, str(folder / f"params_layer_{layer}.safetensors"))
+    return folder

@@ -10,50 +10,13 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from circuit_data import random_transcoders, tiny_model
+from circuit_data import gemma_scope_2_params, random_transcoders, tiny_model, write_clt, write_plt
 from helpers import assert_parity, fake_hub
 from scratch_models.circuits import attribute, load_transcoders, save_transcoders, spliced
 from scratch_models.dictionaries import DictionaryError
 
 IDS = torch.tensor([[2, 7, 19, 3, 33, 12, 5]])
-H, F = 48, 24  # the tiny Gemma 3's hidden size; the features
-
-
-def gemma_scope_2_params(n_layers, *, d_model=H, d_sae=F, affine=False, cross_layer=False, seed=0):
-    """Each layer's params.safetensors tensors as Gemma Scope 2 publishes them (w_enc [h, f], w_dec [f, h] or, cross-
-    layer, [f, n_layers, h] including the unused writes into earlier layers)."""
-    g = torch.Generator().manual_seed(seed)
-    layers = []
-    for _ in range(n_layers):
-        p = {"w_enc": torch.randn(d_model, d_sae, generator=g) * d_model ** -0.5,
-             "w_dec": torch.randn(*((d_sae, n_layers, d_model) if cross_layer else (d_sae, d_model)), generator=g)
-             * 0.3, "b_enc": torch.randn(d_sae, generator=g) * 0.1, "b_dec": torch.randn(d_model, generator=g) * 0.1,
-             "threshold": torch.rand(d_sae, generator=g) * 0.1}
-        if affine:
-            p["affine_skip_connection"] = torch.randn(d_model, d_model, generator=g) * 0.3 * d_model ** -0.5
-        layers.append(p)
-    return layers
-
-
-def write_plt(root, params, variant="width_16k_l0_small", site="transcoder_all", config=True):
-    for layer, p in enumerate(params):
-        folder = root / site / f"layer_{layer}_{variant}"
-        folder.mkdir(parents=True)
-        save_file(p, str(folder / "params.safetensors"))
-        if config:  # as the hub's folders hold it (SAELens' gemma_3 loader reads it)
-            (folder / "config.json").write_text(json.dumps({
-                "architecture": "jump_relu", "model_name": "gemma-v3-1b-pt", "affine_connection": variant.endswith(
-                    "_affine"), "hf_hook_point_in": f"model.layers.{layer}.pre_feedforward_layernorm.output",
-                "hf_hook_point_out": f"model.layers.{layer}.post_feedforward_layernorm.output"}))
-    return root / site / variant
-
-
-def write_clt(root, params, variant="width_262k_l0_medium"):
-    folder = root / "clt" / variant
-    folder.mkdir(parents=True)
-    for layer, p in enumerate(params):
-        save_file(p, str(folder / f"params_layer_{layer}.safetensors"))
-    return folder
+H, F = 48, 24  # the tiny Gemma 3's hidden size; the features (circuit_data's Gemma Scope 2 sets)
 
 
 def published_reconstruction(params, xs, layer, *, cross_layer):
