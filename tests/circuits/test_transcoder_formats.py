@@ -244,3 +244,35 @@ def test_a_bad_k_is_refused(tmp_path):
     (tmp_path / "jump" / "config.yaml").write_text(yaml.safe_dump(raw | {"k": 2}))
     with pytest.raises(DictionaryError, match=r"both k \(2, TopK\) and JumpReLU thresholds"):
         load_transcoders(tmp_path / "jump")
+
+
+def test_gemma_scope_2_hub_names_load_offline_from_the_cache(tmp_path):
+    """`google/gemma-scope-2-1b-pt/transcoder_all/{variant}` (the per-layer folders) and `.../clt/{variant}` from the
+    Hugging Face cache with HF_HUB_OFFLINE set, as circuit-tracer's set names spell them."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import fake_hub_cache
+
+    plt = write_plt(tmp_path / "src", gemma_scope_2_params(2, affine=True), "width_16k_l0_small_affine")
+    write_plt(tmp_path / "src", gemma_scope_2_params(2, seed=3), "width_16k_l0_small")  # a variant beside it
+    clt = write_clt(tmp_path / "src", gemma_scope_2_params(2, cross_layer=True), "width_262k_l0_medium")
+    files = {str(p.relative_to(tmp_path / "src")): p for p in (tmp_path / "src").rglob("*") if p.is_file()}
+    fake_hub_cache(tmp_path / "cache", "google/gemma-scope-2-1b-pt", files)
+    code = ("from scratch_models.circuits import load_transcoders\n"
+            "a = load_transcoders('google/gemma-scope-2-1b-pt/transcoder_all/width_16k_l0_small_affine')\n"
+            "b = load_transcoders('google/gemma-scope-2-1b-pt/clt/width_262k_l0_medium')\n"
+            "print(a.cfg.kind, a.n_layers, a.W_skip is not None, float(a.W_enc[1].sum()))\n"
+            "print(b.cfg.kind, b.n_layers, float(b.W_enc[1].sum()))\n")
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.split()[:3] == ["transcoder_set", "2", "True"]  # the _affine variant's folders, not the other's
+    assert float(first.split()[3]) == pytest.approx(float(load_transcoders(plt).W_enc[1].sum()))
+    assert second.split()[:2] == ["cross_layer_transcoder", "2"]
+    assert float(second.split()[2]) == pytest.approx(float(load_transcoders(clt).W_enc[1].sum()))
