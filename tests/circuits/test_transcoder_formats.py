@@ -52,6 +52,17 @@ def check_splice(model, tc, params, *, cross_layer):
                       f"layer {layer}'s reconstruction", terms=F * len(params) + H)
 
 
+def check_graph(model, tc):
+    """`attribute` takes the set: its active features and activations are the splice's, position 0 left out."""
+    graph = attribute(model, tc, IDS[0], max_n_logits=3)
+    with spliced(model, tc) as acts, torch.no_grad():
+        model(input_ids=IDS)
+    active = sorted((l, p, f) for l in range(tc.n_layers) for p, f in (acts[l][0] != 0).nonzero().tolist() if p)
+    assert sorted(map(tuple, graph.active_features.tolist())) == active
+    assert torch.equal(graph.activation_values, torch.stack([acts[l][0, p, f]
+                                                             for l, p, f in graph.active_features.tolist()]))
+
+
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
 def test_gemma_scope_2_per_layer_transcoders_on_gemma_3(tmp_path, affine):
     model = tiny_model("gemma3_text")
@@ -63,6 +74,7 @@ def test_gemma_scope_2_per_layer_transcoders_on_gemma_3(tmp_path, affine):
     assert tc.sites(model) == (["layers.0.ln_2", "layers.1.ln_2"], ["layers.0.mlp_out", "layers.1.mlp_out"])
     assert torch.equal(tc.W_enc[1], params[1]["w_enc"].T) and torch.equal(tc.threshold[0], params[0]["threshold"])
     check_splice(model, tc, params, cross_layer=False)
+    check_graph(model, tc)
     # circuit-tracer's config.yaml listing the files loads the same set, also from hf:// (the cache or the hub)
     files = [where.parent / f"layer_{l}_{where.name}" / "params.safetensors" for l in range(2)]
     listed = tmp_path / "listed"
@@ -85,6 +97,7 @@ def test_gemma_scope_2_cross_layer_transcoder_on_gemma_3(tmp_path):
     assert tc.cross_layer and tc.W_skip is not None
     assert torch.equal(tc.W_dec[1], params[1]["w_dec"][:, 1:])  # layer 1 writes into layer 1 only: not into 0
     check_splice(model, tc, params, cross_layer=True)
+    check_graph(model, tc)
 
 
 def test_a_gemma_scope_2_set_for_another_model_is_refused_naming_what_differs(tmp_path):
