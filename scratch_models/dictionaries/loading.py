@@ -185,8 +185,9 @@ def _saelens(cfg_path: Path, weights: Path, hook_name: str | None, source: str) 
                               "one attention head's output, which splicing at a hook point does not single out")
     if metadata.get("hook_name_out") not in (None, metadata.get("hook_name")):
         raise DictionaryError(f"{cfg_path}: a transcoder (reads {metadata.get('hook_name')}, writes "
-                              f"{metadata['hook_name_out']}): only dictionaries that reconstruct what they read "
-                              "are supported")
+                              f"{metadata['hook_name_out']}), not a dictionary that reconstructs what it reads: "
+                              "load the directory that holds one per layer with "
+                              "scratch_models.circuits.load_transcoders")
     name = hook_name or metadata.get("hook_name")
     if not isinstance(name, str) or not name:
         raise DictionaryError(f"{cfg_path}: no hook_name (metadata.hook_name): pass hook_name=")

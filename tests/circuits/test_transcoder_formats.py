@@ -214,6 +214,11 @@ def test_saelens_transcoders_that_are_no_set_are_refused(tmp_path):
     save_file(tensors, str(weights))
     with pytest.raises(DictionaryError, match=r"threshold holds 1 values below 0"):
         load_transcoders(tmp_path / "e")
+    from scratch_models.dictionaries import SAE
+
+    with pytest.raises(DictionaryError, match=r"a transcoder \(reads blocks.0.ln2.hook_normalized, writes "
+                                              r"blocks.0.hook_mlp_out\), .*circuits.load_transcoders"):
+        SAE.from_pretrained(tmp_path / "e" / "blocks.0.ln2.hook_normalized")  # one is no SAE
 
 
 # ---- TopK ---------------------------------------------------------------------------------------------------------
