@@ -88,6 +88,9 @@ def test_what_the_files_do_not_say_and_transcoders_are_refused(tmp_path):
     with pytest.raises(DictionaryError, match=r"names no hook.*resid_post, attn_out or mlp_out.*pass hook_name="):
         SAE.from_pretrained(bare)
     assert SAE.from_pretrained(bare, hook_name="blocks.0.hook_resid_post").cfg.hook_name == "blocks.0.hook_resid_post"
+    multimodal = tmp_path / "multimodal"  # the 4b-27b checkpoints name the language model's layers so
+    gemma_scope_2_folder(multimodal, 48, hf_point="model.language_model.layers.1.output")
+    assert SAE.from_pretrained(multimodal).cfg.hook_name == "blocks.1.hook_resid_post"
     odd = tmp_path / "odd"
     gemma_scope_2_folder(odd, 48, hf_point="model.layers.1.input_layernorm.output")
     with pytest.raises(DictionaryError, match=r"hf_hook_point_in 'model.layers.1.input_layernorm.output' is none of"):
