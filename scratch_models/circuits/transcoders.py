@@ -351,6 +351,10 @@ def save(transcoders: Transcoders, directory) -> None:
     import yaml
     from safetensors.torch import save_file
 
+    if transcoders.cross_layer and transcoders.W_skip is not None:
+        raise DictionaryError(f"{transcoders.cfg.source or 'these transcoders'}: a cross-layer set with a skip "
+                              "connection (Gemma Scope 2's affine CLTs), which circuit-tracer's cross-layer files have "
+                              "no place for (its to_safetensors writes none, load_clt reads none); nothing written")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cfg = transcoders.cfg

@@ -75,6 +75,9 @@ def test_gemma_scope_2_per_layer_transcoders_on_gemma_3(tmp_path, affine):
     assert torch.equal(tc.W_enc[1], params[1]["w_enc"].T) and torch.equal(tc.threshold[0], params[0]["threshold"])
     check_splice(model, tc, params, cross_layer=False)
     check_graph(model, tc)
+    save_transcoders(tc, tmp_path / "saved")  # in circuit-tracer's layout, and back
+    assert all(torch.equal(a, b) for a, b in zip(load_transcoders(tmp_path / "saved").state_dict().values(),
+                                                 tc.state_dict().values()))
     # circuit-tracer's config.yaml listing the files loads the same set, also from hf:// (the cache or the hub)
     files = [where.parent / f"layer_{l}_{where.name}" / "params.safetensors" for l in range(2)]
     listed = tmp_path / "listed"
@@ -98,6 +101,9 @@ def test_gemma_scope_2_cross_layer_transcoder_on_gemma_3(tmp_path):
     assert torch.equal(tc.W_dec[1], params[1]["w_dec"][:, 1:])  # layer 1 writes into layer 1 only: not into 0
     check_splice(model, tc, params, cross_layer=True)
     check_graph(model, tc)
+    with pytest.raises(DictionaryError, match=r"a cross-layer set with a skip connection .*nothing written"):
+        save_transcoders(tc, tmp_path / "saved")  # circuit-tracer's CLT files hold no skip
+    assert not (tmp_path / "saved").exists()
 
 
 def test_a_gemma_scope_2_set_for_another_model_is_refused_naming_what_differs(tmp_path):
