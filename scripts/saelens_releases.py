@@ -18,7 +18,7 @@ import yaml
 
 OUT = Path(__file__).resolve().parents[1] / "scratch_models" / "dictionaries" / "saelens_releases.json"
 # conversion_func -> our name for the files' format; a release of any other is refused by name
-READ = {None: "saelens", "gemma_2": "gemma_scope"}
+READ = {None: "saelens", "gemma_2": "gemma_scope", "gemma_3": "gemma_scope_2"}
 # config_overrides that change what the dictionary computes or where it reads; the rest (dataset_path, ...) describe
 # its training
 OVERRIDES = ("normalize_activations", "hook_name")
@@ -38,11 +38,32 @@ def compact(directory: dict, version: str) -> dict:
         model_kwargs = overrides.get("model_from_pretrained_kwargs")
         if model_kwargs:  # how SAELens' users load the model it was trained on (TL's center_writing_weights, ...)
             entry["model_from_pretrained_kwargs"] = model_kwargs
-        entry["saes"] = {sae["id"]: (sae["path"] if "norm_scaling_factor" not in sae else
-                                     {"path": sae["path"], "norm_scaling_factor": sae["norm_scaling_factor"]})
-                         for sae in release["saes"]}
+        if READ[fmt] == "gemma_scope_2":
+            entry |= gemma_scope_2_ids(name, release["saes"])
+        else:
+            entry["saes"] = {sae["id"]: (sae["path"] if "norm_scaling_factor" not in sae else
+                                         {"path": sae["path"], "norm_scaling_factor": sae["norm_scaling_factor"]})
+                             for sae in release["saes"]}
         releases[name] = entry
     return {"source": f"sae-lens {version}, sae_lens/pretrained_saes.yaml", "releases": releases}
+
+
+def gemma_scope_2_ids(name: str, saes: list) -> dict:
+    """A Gemma Scope 2 release's thousands of ids, `[{folder}/]layer_{L}_{variant}` in folder `{folder}`, kept as
+    the folder and each variant's layers (releases.py expands them again): a fifteenth of the size."""
+    folders, variants = set(), {}
+    for sae in saes:
+        folder, _, rest = sae["path"].rpartition("/")
+        layer, _, variant = rest.removeprefix("layer_").partition("_")
+        if not layer.isdigit() or sae["id"] not in (rest, sae["path"]) or "norm_scaling_factor" in sae:
+            raise SystemExit(f"{name}: {sae} is not laid out as Gemma Scope 2's others; update gemma_scope_2_ids")
+        folders.add((folder, sae["id"] == sae["path"]))
+        variants.setdefault(variant, []).append(int(layer))
+    if len(folders) != 1:
+        raise SystemExit(f"{name}: ids in several folders ({sorted(folders)}); update gemma_scope_2_ids")
+    (folder, id_has_folder), = folders
+    return {"folder": folder, "id_has_folder": id_has_folder,
+            "variants": {variant: sorted(layers) for variant, layers in sorted(variants.items())}}
 
 
 def main() -> None:

@@ -4,6 +4,7 @@
 
     from scratch_models.circuits import attribute, load_transcoders, prune_graph
     transcoders = load_transcoders("path/to/set")          # circuit-tracer's layout: config.yaml + its files
+    transcoders = load_transcoders("google/gemma-scope-2-1b-pt/transcoder_all/width_16k_l0_small")  # Gemma Scope 2
     graph = attribute(model, transcoders, input_ids)       # circuit-tracer's node order and numbers
     pruned = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
 """

@@ -8,23 +8,17 @@ and stores them. Two kinds:
 
 x_l is what the set's `feature_input_hook` holds at layer l (the MLP's input, or its normalised input before the
 norm's gain), out_l what it replaces at `feature_output_hook` (the MLP's output; Gemma 2's after its post-norm).
-σ is ReLU or JumpReLU (x where x > threshold, else 0). W_enc is [f, h] (circuit-tracer's layout, the transpose of
-SAELens'), W_dec[l] [f, h] for a PLT and [f, n_layers - l, h] for a CLT. A PLT's skip is applied transposed and a
-CLT's is not: circuit-tracer's `compute_skip` does so, and its files are read the same way here.
+σ is ReLU, JumpReLU (x where x > threshold, else 0) or TopK (the k largest pre-activations of each token kept as
+they are, every other 0: circuit-tracer's activation_functions.TopK, no ReLU after it). W_enc is [f, h]
+(circuit-tracer's layout, the transpose of SAELens'), W_dec[l] [f, h] for a PLT and [f, n_layers - l, h] for a CLT.
+A PLT's skip is applied transposed and a CLT's is not: circuit-tracer's `compute_skip` does so, and its files are
+read the same way here.
 
-Files, as circuit-tracer writes and reads them (transcoder/*.py `to_safetensors`, utils/hf_utils.py):
-- `config.yaml`: model_kind (`transcoder_set` or `cross_layer_transcoder`), feature_input_hook, feature_output_hook
-  (TransformerLens names relative to a block: `ln2.hook_normalized`, `hook_mlp_out`; or circuit-tracer's own
-  `mlp.hook_in` / `mlp.hook_out`, the MLP's input and output), optionally `transcoders` (one file per layer, paths
-  relative to the directory or absolute), scan, model_name.
-- a PLT set: `layer_{i}.safetensors` holding W_enc [f, h], W_dec [f, h], b_enc [f], b_dec [h], and optionally
-  `activation_function.threshold` [f] (JumpReLU) and W_skip [h, h]; or Gemma Scope's `params.npz` (W_enc [h, f],
-  W_dec [f, h], b_enc, b_dec, threshold: JumpReLU) where `transcoders` names .npz files.
-- a CLT: `W_enc_{i}.safetensors` holding W_enc_{i} [f, h], b_enc_{i}, b_dec_{i}, optionally threshold_{i}, and
-  `W_dec_{i}.safetensors` holding W_dec_{i} [f, n_layers - i, h]. (circuit-tracer writes no skip for a CLT.)
+The files, as circuit-tracer, Gemma Scope 2 and SAELens write them, are read by transcoder_files.py (its docstring
+names each layout); `load` finds which one a directory or hub id holds, `save` writes circuit-tracer's.
 
 Everything is checked before any work: names missing or unexpected, every shape against the first layer's f and h,
-the layer count against the files, and against a model (`check(model)`): its layer count, hidden size and hooks; a
+the layer count against the files, and against a model (`sites(model)`): its layer count, hidden size and hooks; a
 set for another model is refused naming what differs.
 """
 
@@ -37,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..dictionaries.sae import DictionaryError
+from . import transcoder_files
 
 CONFIG = "config.yaml"
 KINDS = ("transcoder_set", "cross_layer_transcoder")
@@ -53,6 +48,7 @@ class TranscoderConfig:
     scan: str | list | None = None
     model_name: str | None = None
     source: str = ""
+    k: int | None = None  # TopK: the features kept per token
 
 
 class Transcoders(nn.Module):
@@ -79,7 +75,7 @@ class Transcoders(nn.Module):
 
     @property
     def activation_function(self) -> str:
-        return "relu" if self.threshold is None else "jumprelu"
+        return "topk" if self.cfg.k is not None else "relu" if self.threshold is None else "jumprelu"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -87,6 +83,13 @@ class Transcoders(nn.Module):
 
     def _check_shapes(self):
         f, h, n = self.d_transcoder, self.d_model, self.n_layers
+        k = self.cfg.k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 < k <= f):
+            raise DictionaryError(f"{self.cfg.source or 'the transcoders'}: k {k!r}; a TopK set keeps 1 to "
+                                  f"{f} features (its width) per token")
+        if k is not None and self.threshold is not None:
+            raise DictionaryError(f"{self.cfg.source or 'the transcoders'}: both k ({k}, TopK) and JumpReLU "
+                                  "thresholds: one activation or the other")
         for l in range(n):
             want = {"W_enc": (f, h), "b_enc": (f,), "b_dec": (h,),
                     "W_dec": (f, n - l, h) if self.cross_layer else (f, h)}
@@ -108,6 +111,9 @@ class Transcoders(nn.Module):
         return F.linear(x.to(self.dtype), self.W_enc[layer], self.b_enc[layer])
 
     def activate(self, layer: int, pre: torch.Tensor) -> torch.Tensor:
+        if self.cfg.k is not None:
+            kept = pre.topk(self.cfg.k, dim=-1).indices
+            return pre * torch.zeros_like(pre).scatter_(-1, kept, 1)
         if self.threshold is None:
             return F.relu(pre)
         return pre * (pre > self.threshold[layer])
@@ -179,7 +185,8 @@ class Transcoders(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.cfg.kind}, {self.n_layers} layers, {self.d_transcoder} features, d_model {self.d_model}, "
-                f"{self.activation_function}{', skip' if self.W_skip is not None else ''}, "
+                f"{self.activation_function}{f' k={self.cfg.k}' if self.cfg.k is not None else ''}"
+                f"{', skip' if self.W_skip is not None else ''}, "
                 f"{self.cfg.feature_input_hook} -> {self.cfg.feature_output_hook}")
 
 
@@ -219,14 +226,32 @@ def _our_hook(model, hook: str, layer: int, cfg: TranscoderConfig) -> str:
 
 
 def load(path, *, dtype: torch.dtype | None = None, device=None) -> Transcoders:
-    """The transcoder set in directory `path` (circuit-tracer's layout: config.yaml plus its files), or a hub id
-    whose repository holds one (downloaded once into the Hugging Face cache, offline afterwards). `dtype`: cast
-    (default: as stored)."""
+    """The transcoder set at `path`: a directory in circuit-tracer's layout (config.yaml plus its files), Gemma Scope
+    2's published files (`.../transcoder_all/{variant}` or `.../clt/{variant}`), or a directory of SAELens-saved
+    transcoders, one folder per layer; or a hub id whose repository holds one (downloaded once into the Hugging Face
+    cache, offline afterwards). `dtype`: cast (default: as stored)."""
     directory = _directory(path)
     cfg_path = directory / CONFIG
-    if not cfg_path.is_file():
-        raise DictionaryError(f"{directory}: no {CONFIG}; a transcoder set in circuit-tracer's layout has a "
-                              f"{CONFIG} (model_kind, feature_input_hook, feature_output_hook) beside its files")
+    if cfg_path.is_file():
+        cfg, tensors = _circuit_tracer(directory, cfg_path)
+    elif (found := transcoder_files.gemma_scope_2_files(directory)) is not None:
+        fields, tensors = found
+        cfg = TranscoderConfig(**fields, scan=str(directory), source=str(directory))
+    elif (folders := transcoder_files.saelens_folders(directory)):
+        fields, tensors = transcoder_files.saelens(directory, folders)
+        cfg = TranscoderConfig(**fields, scan=str(directory), source=str(directory))
+    else:
+        raise DictionaryError(f"{directory}: no transcoder set here; looked for circuit-tracer's {CONFIG} (model_kind, "
+                              "feature_input_hook, feature_output_hook) beside its files, Gemma Scope 2's "
+                              "clt/{variant}/params_layer_{i}.safetensors or {site}/layer_{i}_{variant}/"
+                              "params.safetensors (load .../transcoder_all/{variant}), and folders of SAELens-saved "
+                              "transcoders (cfg.json + sae_weights.safetensors)")
+    tensors = {name: [t.to(device=device, dtype=dtype or t.dtype) for t in values] if values is not None else None
+               for name, values in tensors.items()}
+    return Transcoders(cfg, **tensors)
+
+
+def _circuit_tracer(directory: Path, cfg_path: Path) -> tuple[TranscoderConfig, dict]:
     import yaml
 
     try:
@@ -241,20 +266,24 @@ def load(path, *, dtype: torch.dtype | None = None, device=None) -> Transcoders:
     if raw["model_kind"] not in KINDS:
         raise DictionaryError(f"{cfg_path}: model_kind {raw['model_kind']!r} is not one circuit-tracer loads; "
                               f"known: {', '.join(KINDS)}")
+    k = raw.get("k")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+        raise DictionaryError(f"{cfg_path}: k {k!r} is not an integer (a TopK set's features kept per token)")
     cfg = TranscoderConfig(raw["model_kind"], raw["feature_input_hook"], raw["feature_output_hook"],
-                           raw.get("scan"), raw.get("model_name"), str(directory))
+                           raw.get("scan"), raw.get("model_name"), str(directory), k)
+    files = _listed(directory, raw, cfg_path)
     if cfg.kind == "transcoder_set":
-        tensors = _per_layer(directory, raw, cfg_path)
-    else:
-        tensors = _cross_layer(directory, cfg_path)
-    tensors = {name: [t.to(device=device, dtype=dtype or t.dtype) for t in values] if values is not None else None
-               for name, values in tensors.items()}
-    return Transcoders(cfg, **tensors)
+        if files is None:
+            files = transcoder_files.numbered(directory, "layer_{}.safetensors")
+        return cfg, transcoder_files.per_layer(files)
+    if files is not None:  # circuit-tracer lists files only for Gemma Scope 2's cross-layer transcoders
+        return cfg, transcoder_files.gemma_scope_2_clt(files)
+    return cfg, transcoder_files.cross_layer(directory)
 
 
 def _directory(path) -> Path:
     local = Path(path)
-    if local.is_dir():
+    if local.is_dir() or transcoder_files.gemma_scope_2_layers(local):
         return local
     if local.exists():
         raise DictionaryError(f"{local}: a transcoder set is a directory (config.yaml and its files), not a file")
@@ -265,6 +294,9 @@ def _directory(path) -> Path:
     repo = "/".join(str(path).split("/")[:2])
     folder = "/".join(str(path).split("/")[2:])
     patterns = [f"{folder}/*" if folder else "*"]
+    if folder:  # Gemma Scope 2's per-layer transcoders: {site}/layer_{i}_{variant}/, named {site}/{variant}
+        site, _, variant = folder.rpartition("/")
+        patterns.append(f"{site}/layer_*_{variant}/*" if site else f"layer_*_{variant}/*")
     try:
         root = snapshot_download(repo, allow_patterns=patterns, local_files_only=True)
     except Exception:  # not in the cache yet
@@ -275,113 +307,42 @@ def _directory(path) -> Path:
     return Path(root) / folder if folder else Path(root)
 
 
-def _safetensors(file: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _hub_file(uri: str, cfg_path: Path) -> Path:
+    """The local copy of circuit-tracer's `hf://owner/name/path[@revision]`, from the Hugging Face cache or the
+    hub."""
+    from huggingface_hub import hf_hub_download
 
-    if not file.is_file():
-        raise DictionaryError(f"{file}: missing")
+    where, _, revision = uri.removeprefix("hf://").partition("@")
+    parts = where.split("/")
+    if len(parts) < 3:
+        raise DictionaryError(f"{cfg_path}: {uri} is not hf://owner/name/path[@revision]")
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
     try:
-        return load_file(file)
-    except (SafetensorError, OSError) as error:
-        raise DictionaryError(f"{file}: cannot be read as safetensors ({error})") from None
+        return Path(hf_hub_download(repo, filename, revision=revision or None, local_files_only=True))
+    except Exception:  # not in the cache yet
+        try:
+            return Path(hf_hub_download(repo, filename, revision=revision or None))
+        except Exception as error:
+            raise DictionaryError(f"{cfg_path}: {uri} is not in the Hugging Face cache, and the hub could not give "
+                                  f"it ({error})") from None
 
 
-def _keys(file, tensors: dict, required: set, optional: set = frozenset()) -> None:
-    missing, unexpected = required - set(tensors), set(tensors) - required - optional
-    if missing or unexpected:
-        raise DictionaryError(f"{file}: " + "; ".join(
-            part for part in (f"missing {', '.join(sorted(missing))}" if missing else "",
-                              f"unexpected {', '.join(sorted(unexpected))}" if unexpected else "") if part)
-            + f" (circuit-tracer's layout holds {', '.join(sorted(required | optional))})")
-    for name, tensor in tensors.items():
-        bad = (~torch.isfinite(tensor)).sum().item() if tensor.is_floating_point() else 0
-        if bad:
-            raise DictionaryError(f"{file}: tensor {name} holds {bad} NaN or infinite values")
-
-
-def _numbered(directory: Path, pattern: str) -> list[Path]:
-    """Files named pattern.format(i) for i = 0, 1, ...: refused where the numbers have a gap."""
-    regex = re.compile(re.escape(pattern).replace(r"\{\}", r"(\d+)") + "$")
-    found = {int(m[1]): p for p in directory.iterdir() if (m := regex.match(p.name))}
-    if not found:
-        raise DictionaryError(f"{directory}: no {pattern.format('{i}')} files")
-    if sorted(found) != list(range(len(found))):
-        gaps = sorted(set(range(max(found) + 1)) - set(found))
-        raise DictionaryError(f"{directory}: {pattern.format('{i}')} for layers {sorted(found)}; missing "
-                              f"{', '.join(pattern.format(i) for i in gaps)}")
-    return [found[i] for i in range(len(found))]
-
-
-def _per_layer(directory: Path, raw: dict, cfg_path: Path) -> dict:
-    if "transcoders" in raw:
-        listed = raw["transcoders"]
-        if not isinstance(listed, list) or not listed:
-            raise DictionaryError(f"{cfg_path}: `transcoders` must list one file per layer, got {listed!r}")
-        files = []
-        for entry in listed:
-            if str(entry).startswith("hf://"):
-                raise DictionaryError(f"{cfg_path}: {entry} is on the hub; download the set's files and list local "
-                                      "paths (or load the hub id of the whole set)")
-            file = Path(entry)
-            files.append(file if file.is_absolute() else directory / file)
-    else:
-        files = _numbered(directory, "layer_{}.safetensors")
-    layers = {"W_enc": [], "W_dec": [], "b_enc": [], "b_dec": [], "threshold": [], "W_skip": []}
-    for file in files:
-        if file.suffix == ".npz":
-            tensors = _gemma_scope(file)
-        else:
-            tensors = _safetensors(file)
-            _keys(file, tensors, {"W_enc", "W_dec", "b_enc", "b_dec"}, {"activation_function.threshold", "W_skip"})
-            if "activation_function.threshold" in tensors:
-                tensors["threshold"] = tensors.pop("activation_function.threshold")
-        for name, values in layers.items():
-            values.append(tensors.get(name))
-    return {name: _all_or_none(values, name, files) for name, values in layers.items()}
-
-
-def _gemma_scope(file: Path) -> dict[str, torch.Tensor]:
-    """Gemma Scope's params.npz: W_enc [h, f] (transposed here to circuit-tracer's [f, h]), W_dec, biases and the
-    JumpReLU threshold."""
-    import numpy as np
-
-    try:
-        with np.load(file) as params:
-            tensors = {name: torch.from_numpy(params[name].copy()) for name in params.files}
-    except (OSError, ValueError) as error:
-        raise DictionaryError(f"{file}: cannot be read as an .npz file ({error})") from None
-    _keys(file, tensors, {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"})
-    tensors["W_enc"] = tensors["W_enc"].T.contiguous()
-    return tensors
-
-
-def _cross_layer(directory: Path, cfg_path: Path) -> dict:
-    enc_files = _numbered(directory, "W_enc_{}.safetensors")
-    dec_files = _numbered(directory, "W_dec_{}.safetensors")
-    if len(dec_files) != len(enc_files):
-        raise DictionaryError(f"{directory}: {len(enc_files)} W_enc_*.safetensors files but {len(dec_files)} "
-                              "W_dec_*.safetensors: one of each per layer")
-    out = {"W_enc": [], "W_dec": [], "b_enc": [], "b_dec": [], "threshold": []}
-    for i, (enc_file, dec_file) in enumerate(zip(enc_files, dec_files)):
-        enc = _safetensors(enc_file)
-        _keys(enc_file, enc, {f"W_enc_{i}", f"b_enc_{i}", f"b_dec_{i}"}, {f"threshold_{i}"})
-        dec = _safetensors(dec_file)
-        _keys(dec_file, dec, {f"W_dec_{i}"})
-        for name in ("W_enc", "b_enc", "b_dec", "threshold"):
-            out[name].append(enc.get(f"{name}_{i}"))
-        out["W_dec"].append(dec[f"W_dec_{i}"])
-    return {name: _all_or_none(values, name, enc_files) for name, values in out.items()}
-
-
-def _all_or_none(values: list, name: str, files: list) -> list | None:
-    present = [v is not None for v in values]
-    if all(present):
-        return values
-    if not any(present):
+def _listed(directory: Path, raw: dict, cfg_path: Path) -> list[Path] | None:
+    """The files config.yaml's `transcoders` lists, one per layer (relative to the directory, absolute, or hf://),
+    or None where it lists none."""
+    if "transcoders" not in raw:
         return None
-    raise DictionaryError(f"{name} is in {', '.join(str(f) for f, p in zip(files, present) if p)} but not in "
-                          f"{', '.join(str(f) for f, p in zip(files, present) if not p)}: every layer has one or none")
+    listed = raw["transcoders"]
+    if not isinstance(listed, list) or not listed:
+        raise DictionaryError(f"{cfg_path}: `transcoders` must list one file per layer, got {listed!r}")
+    files = []
+    for entry in listed:
+        if str(entry).startswith("hf://"):
+            files.append(_hub_file(str(entry), cfg_path))
+            continue
+        file = Path(entry)
+        files.append(file if file.is_absolute() else directory / file)
+    return files
 
 
 def save(transcoders: Transcoders, directory) -> None:
@@ -390,6 +351,10 @@ def save(transcoders: Transcoders, directory) -> None:
     import yaml
     from safetensors.torch import save_file
 
+    if transcoders.cross_layer and transcoders.W_skip is not None:
+        raise DictionaryError(f"{transcoders.cfg.source or 'these transcoders'}: a cross-layer set with a skip "
+                              "connection (Gemma Scope 2's affine CLTs), which circuit-tracer's cross-layer files have "
+                              "no place for (its to_safetensors writes none, load_clt reads none); nothing written")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cfg = transcoders.cfg
@@ -417,4 +382,6 @@ def save(transcoders: Transcoders, directory) -> None:
         fields["scan"] = cfg.scan
     if cfg.model_name is not None:
         fields["model_name"] = cfg.model_name
+    if cfg.k is not None:
+        fields["k"] = cfg.k
     (directory / CONFIG).write_text(yaml.safe_dump(fields))

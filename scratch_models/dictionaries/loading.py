@@ -22,6 +22,15 @@ Formats, as their own code writes them (facts, checked against that code):
   hook: it is `hook_name=`, or read from the repository and folder as SAELens' Gemma Scope loader reads them
   (`-res` -> blocks.{L}.hook_resid_post, `-mlp` -> blocks.{L}.hook_mlp_out, `-att` -> blocks.{L}.attn.hook_z, L
   from `layer_{L}`; `embedding` -> hook_embed).
+- Gemma Scope 2 (google/gemma-scope-2-* on the hub, for Gemma 3; SAELens' gemma_3 loader reads them): a folder per
+  dictionary, `{site}/layer_{L}_width_{W}_l0_{size}` with site resid_post, attn_out, mlp_out (or the `_all` sets
+  that cover every layer), holding `params.safetensors` with lower-case w_enc [d_in, d_sae], w_dec [d_sae, d_in],
+  b_enc, b_dec, threshold (JumpReLU, the input not shifted by b_dec), and optionally `config.json`
+  (architecture "jump_relu", model_name, hf_hook_point_in: where it reads, as a transformers module's input or
+  output). The hook is read from hf_hook_point_in, else from the folder: `model.layers.{L}.output` (resid_post) ->
+  blocks.{L}.hook_resid_post, `self_attn.o_proj.input` (attn_out) -> blocks.{L}.attn.hook_z (the heads side by
+  side), `post_feedforward_layernorm.output` (mlp_out) -> blocks.{L}.hook_mlp_out. Its `transcoder*` and `clt`
+  folders hold transcoders (they read the MLP's input and write its output): scratch_models.circuits loads them.
 - EleutherAI sparsify (sparsify/sparse_coder.py `save_to_disk`, config.py): `cfg.json` (SparseCoderConfig's fields
   plus d_in: k, num_latents or expansion_factor, activation, transcode, skip_connection, ...) + `sae.safetensors`
   holding encoder.weight [num_latents, d_in], encoder.bias [num_latents], W_dec [num_latents, d_in], b_dec [d_in].
@@ -47,7 +56,8 @@ from .config import DictionaryError, SAEConfig
 
 SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE_PARAMS, CFG = "sae_weights.safetensors", "sae.safetensors", \
     "params.npz", "cfg.json"
-FILES = (SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE_PARAMS)
+GEMMA_SCOPE_2_PARAMS, GEMMA_SCOPE_2_CONFIG = "params.safetensors", "config.json"
+FILES = (SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE_PARAMS, GEMMA_SCOPE_2_PARAMS)
 
 
 def read(name_or_path, sae_id: str | None = None, *, hook_name: str | None = None
@@ -60,6 +70,9 @@ def read(name_or_path, sae_id: str | None = None, *, hook_name: str | None = Non
     if files.get(GEMMA_SCOPE_PARAMS):
         weights = files[GEMMA_SCOPE_PARAMS]
         cfg, tensors = _gemma_scope(weights, hook_name, source, sae_id)
+    elif files.get(GEMMA_SCOPE_2_PARAMS):
+        weights = files[GEMMA_SCOPE_2_PARAMS]
+        cfg, tensors = _gemma_scope_2(weights, files.get(GEMMA_SCOPE_2_CONFIG), hook_name, f"{source}/{sae_id or ''}")
     elif files.get(SAELENS_WEIGHTS):
         weights = files[SAELENS_WEIGHTS]
         cfg, tensors = _saelens(files[CFG], weights, hook_name, source)
@@ -68,7 +81,8 @@ def read(name_or_path, sae_id: str | None = None, *, hook_name: str | None = Non
         cfg, tensors = _sparsify(files[CFG], weights, hook_name, source, directory)
     else:
         raise DictionaryError(f"{source}: no dictionary here; looked for {CFG} + {SAELENS_WEIGHTS} (SAELens), "
-                              f"{CFG} + {SPARSIFY_WEIGHTS} (sparsify) and {GEMMA_SCOPE_PARAMS} (Gemma Scope)")
+                              f"{CFG} + {SPARSIFY_WEIGHTS} (sparsify), {GEMMA_SCOPE_PARAMS} (Gemma Scope) and "
+                              f"{GEMMA_SCOPE_2_PARAMS} (Gemma Scope 2)")
     return cfg, tensors, weights, source
 
 
@@ -93,6 +107,8 @@ def _locate(name_or_path, sae_id: str | None) -> tuple[Path, dict[str, Path | No
         return _from_hub(str(name_or_path), sae_id)
     else:
         raise DictionaryError(f"{name_or_path}: no such file or directory, and not a hub id")
+    if (directory / GEMMA_SCOPE_2_CONFIG).is_file():
+        present[GEMMA_SCOPE_2_CONFIG] = directory / GEMMA_SCOPE_2_CONFIG
     if (directory / CFG).is_file():
         present[CFG] = directory / CFG
     elif present.keys() & {SAELENS_WEIGHTS, SPARSIFY_WEIGHTS}:
@@ -112,10 +128,12 @@ def _from_hub(repo_id: str, sae_id: str | None) -> tuple[Path, dict[str, Path | 
     where = f"{folder}/" if folder else ""
     source = f"{repo_id}/{folder}" if folder else repo_id
     found = {CFG: repo.fetch(f"{where}{CFG}")}
-    names = (SAELENS_WEIGHTS, SPARSIFY_WEIGHTS) if found[CFG] else (GEMMA_SCOPE_PARAMS,)
+    names = (SAELENS_WEIGHTS, SPARSIFY_WEIGHTS) if found[CFG] else (GEMMA_SCOPE_PARAMS, GEMMA_SCOPE_2_PARAMS)
     for name in names:
         found[name] = repo.fetch(f"{where}{name}")
         if found[name] is not None:
+            if name == GEMMA_SCOPE_2_PARAMS:  # its config.json is optional (SAELens infers it from the folder)
+                found[GEMMA_SCOPE_2_CONFIG] = repo.fetch(f"{where}{GEMMA_SCOPE_2_CONFIG}")
             return found[name].parent, found, source
     if found[CFG] is None and not repo.not_cached and sae_id is None:
         raise DictionaryError(f"{repo_id}: the hub repository has no dictionary at its top; give the folder that "
@@ -123,7 +141,8 @@ def _from_hub(repo_id: str, sae_id: str | None) -> tuple[Path, dict[str, Path | 
     if repo.not_cached:
         raise DictionaryError(str(repo.offline_error(" / ".join(repo.not_cached), "or give a local directory")))
     raise DictionaryError(f"{source}: the hub repository holds no dictionary there (looked for {CFG} with "
-                          f"{SAELENS_WEIGHTS} or {SPARSIFY_WEIGHTS}, and {GEMMA_SCOPE_PARAMS})")
+                          f"{SAELENS_WEIGHTS} or {SPARSIFY_WEIGHTS}, {GEMMA_SCOPE_PARAMS} and "
+                          f"{GEMMA_SCOPE_2_PARAMS})")
 
 
 # ---- the formats ---------------------------------------------------------------------------------------------------
@@ -166,8 +185,9 @@ def _saelens(cfg_path: Path, weights: Path, hook_name: str | None, source: str) 
                               "one attention head's output, which splicing at a hook point does not single out")
     if metadata.get("hook_name_out") not in (None, metadata.get("hook_name")):
         raise DictionaryError(f"{cfg_path}: a transcoder (reads {metadata.get('hook_name')}, writes "
-                              f"{metadata['hook_name_out']}): only dictionaries that reconstruct what they read "
-                              "are supported")
+                              f"{metadata['hook_name_out']}), not a dictionary that reconstructs what it reads: "
+                              "load the directory that holds one per layer with "
+                              "scratch_models.circuits.load_transcoders")
     name = hook_name or metadata.get("hook_name")
     if not isinstance(name, str) or not name:
         raise DictionaryError(f"{cfg_path}: no hook_name (metadata.hook_name): pass hook_name=")
@@ -246,6 +266,62 @@ def _gemma_scope_hook(where: str) -> str | None:
         return None
     return {"res": "blocks.{}.hook_resid_post", "mlp": "blocks.{}.hook_mlp_out",
             "att": "blocks.{}.attn.hook_z"}[site.group(1)].format(layer.group(1))
+
+
+# Gemma Scope 2's sites: the transformers module point a dictionary reads (config.json's hf_hook_point_in, with
+# {L} for the layer), the folder that names it, and TransformerLens' name of the same tensor
+GEMMA_SCOPE_2_SITES = (
+    ("model.layers.{L}.output", "resid_post", "blocks.{L}.hook_resid_post"),
+    ("model.layers.{L}.self_attn.o_proj.input", "attn_out", "blocks.{L}.attn.hook_z"),
+    ("model.layers.{L}.post_feedforward_layernorm.output", "mlp_out", "blocks.{L}.hook_mlp_out"),
+)
+GEMMA_SCOPE_2_TRANSCODERS = ("transcoder", "clt")  # folders of transcoders, which read one point and write another
+
+
+def _gemma_scope_2(path: Path, config: Path | None, hook_name: str | None, where: str) -> tuple[SAEConfig, dict]:
+    raw = _read_cfg(config) if config is not None else {}
+    architecture = raw.get("architecture", "jump_relu")
+    if architecture != "jump_relu":
+        raise DictionaryError(f"{config}: architecture {architecture!r}; Gemma Scope 2's dictionaries are "
+                              "'jump_relu'")
+    tensors = _read_safetensors(path)
+    folders = re.split(r"[/\\]", where.rstrip("/"))[-3:]  # the site's folder and the dictionary's
+    if raw.get("hf_hook_point_out") or "affine_skip_connection" in tensors or \
+            any(folder.startswith(GEMMA_SCOPE_2_TRANSCODERS) for folder in folders):
+        raise DictionaryError(f"{path}: a Gemma Scope 2 transcoder (reads the MLP's input, writes its output), not a "
+                              "dictionary that reconstructs what it reads: load its set with "
+                              "scratch_models.circuits.load_transcoders")
+    renamed = {"w_enc": "W_enc", "w_dec": "W_dec"}
+    tensors = {renamed.get(k, k): v for k, v in tensors.items()}
+    if tensors.get("W_enc") is None or tensors["W_enc"].dim() != 2:
+        raise DictionaryError(f"{path}: no 2-D w_enc (Gemma Scope 2's params.safetensors holds w_enc [d_in, d_sae], "
+                              f"w_dec, b_enc, b_dec, threshold); it holds {', '.join(tensors) or 'nothing'}")
+    name = hook_name or _gemma_scope_2_hook(raw.get("hf_hook_point_in"), where, config or path)
+    d_in, d_sae = tensors["W_enc"].shape
+    metadata = {"model_name": raw["model_name"]} if isinstance(raw.get("model_name"), str) else {}
+    cfg = SAEConfig(architecture="jumprelu", d_in=d_in, d_sae=d_sae, hook_name=name, apply_b_dec_to_input=False,
+                    dtype=str(tensors["W_enc"].dtype).removeprefix("torch."), format="gemma_scope_2",
+                    source=str(path), metadata=metadata)
+    return cfg, tensors
+
+
+def _gemma_scope_2_hook(hf_point, where: str, source) -> str:
+    """TransformerLens' name of the point a Gemma Scope 2 dictionary reads: from config.json's hf_hook_point_in, else
+    from its folder (`resid_post/layer_12_...`), as SAELens' gemma_3 loader reads them."""
+    if hf_point is not None:
+        found = re.fullmatch(r"model\.(?:language_model\.)?layers\.(\d+)\.(.+)", str(hf_point))
+        for point, _, tl in GEMMA_SCOPE_2_SITES:
+            if found and point.removeprefix("model.layers.{L}.") == found.group(2):
+                return tl.format(L=found.group(1))
+        raise DictionaryError(f"{source}: hf_hook_point_in {hf_point!r} is none of Gemma Scope 2's sites "
+                              f"({', '.join(point for point, _, _ in GEMMA_SCOPE_2_SITES)}): pass hook_name=")
+    layer = re.search(r"layer_(\d+)", where)
+    for _, folder, tl in GEMMA_SCOPE_2_SITES:
+        if layer and re.search(rf"(^|/){folder}(_all)?/", where):
+            return tl.format(L=layer.group(1))
+    raise DictionaryError(f"{source}: Gemma Scope 2's params.safetensors names no hook, and neither a config.json "
+                          "(hf_hook_point_in) nor its folder says which (resid_post, attn_out or mlp_out, and "
+                          "layer_N): pass hook_name=, e.g. blocks.12.hook_resid_post")
 
 
 def _sparsify(cfg_path: Path, weights: Path, hook_name: str | None, source: str,

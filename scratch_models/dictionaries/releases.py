@@ -4,7 +4,7 @@ sae_id="blocks.8.hook_resid_pre")`.
 
 The facts are SAELens' directory of releases (its pretrained_saes.yaml), kept in saelens_releases.json
 (scripts/saelens_releases.py writes it from a sae-lens wheel). A release whose files are in a format read here
-(SAELens' own, Gemma Scope's params.npz) resolves to its repository and folder, with what the files do not hold
+(SAELens' own, Gemma Scope's params.npz, Gemma Scope 2's params.safetensors) resolves to its repository and folder, with what the files do not hold
 (norm_scaling_factor, config overrides); one in another format, an unknown release or an unknown id is refused,
 naming the nearest.
 """
@@ -17,7 +17,7 @@ from importlib import resources
 
 from .config import DictionaryError
 
-READ_FORMATS = ("saelens", "gemma_scope")
+READ_FORMATS = ("saelens", "gemma_scope", "gemma_scope_2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +57,8 @@ def published(release: str, sae_id: str | None) -> Published:
         raise DictionaryError(f"release {release!r} ({entry['repo_id']}, trained on {entry['model']}) is published "
                               f"in a format this loader does not read (SAELens converts it with {entry['format']!r}); "
                               "read here: SAELens' own cfg.json + sae_weights.safetensors, Gemma Scope's params.npz, "
-                              "sparsify's cfg.json + sae.safetensors")
-    ids = entry["saes"]
+                              "Gemma Scope 2's params.safetensors, sparsify's cfg.json + sae.safetensors")
+    ids = entry["saes"] if "saes" in entry else _gemma_scope_2_ids(entry)
     if sae_id is None or sae_id not in ids:
         said = "needs sae_id" if sae_id is None else f"has no sae_id {sae_id!r}"
         shown = ", ".join(list(ids)[:3])
@@ -68,6 +68,17 @@ def published(release: str, sae_id: str | None) -> Published:
     overrides = {key: entry[key] for key in ("normalize_activations", "hook_name") if key in entry}
     return Published(release, sae_id, entry["repo_id"], found["path"], entry["model"],
                      found.get("norm_scaling_factor"), overrides, entry.get("model_from_pretrained_kwargs", {}))
+
+
+def _gemma_scope_2_ids(entry: dict) -> dict[str, str]:
+    """A Gemma Scope 2 release's ids and folders, from the compact form scripts/saelens_releases.py keeps."""
+    folder = entry["folder"]
+    ids = {}
+    for variant, layers in entry["variants"].items():
+        for layer in layers:
+            path = f"{folder}/layer_{layer}_{variant}"
+            ids[path if entry["id_has_folder"] else f"layer_{layer}_{variant}"] = path
+    return ids
 
 
 def _nearest(name: str, known) -> str:

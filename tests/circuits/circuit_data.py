@@ -1,6 +1,9 @@
 """Tiny random models and transcoder sets for the circuit tests (and the circuit-tracer parity script)."""
 
+import json
+
 import torch
+from safetensors.torch import save_file
 
 from scratch_models import FAMILIES
 from scratch_models.circuits import TranscoderConfig, Transcoders
@@ -28,8 +31,8 @@ def tiny_model(family: str, seed: int = 0, **changes):
 
 def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: str = "transcoder_set",
                        jumprelu: bool = False, skip: bool = False, b_dec: bool = True, seed: int = 1,
-                       hooks=DEFAULT_HOOKS, dtype=torch.float32) -> Transcoders:
-    """Random transcoders whose features fire on about half the tokens."""
+                       hooks=DEFAULT_HOOKS, dtype=torch.float32, k: int | None = None) -> Transcoders:
+    """Random transcoders whose features fire on about half the tokens (`k`: TopK, k per token)."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape, scale=1.0):
@@ -46,5 +49,42 @@ def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: 
         threshold=[randn(d_transcoder, scale=0.1).abs() for _ in range(n_layers)] if jumprelu else None,
         W_skip=[randn(d_model, d_model, scale=0.3 * d_model ** -0.5) for _ in range(n_layers)] if skip else None,
     )
-    cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan")
+    cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan", k=k)
     return Transcoders(cfg, **tensors)
+
+
+def gemma_scope_2_params(n_layers, *, d_model=48, d_sae=24, affine=False, cross_layer=False, seed=0):
+    """Each layer's params.safetensors tensors as Gemma Scope 2 publishes them (w_enc [h, f], w_dec [f, h] or, cross-
+    layer, [f, n_layers, h] including the unused writes into earlier layers)."""
+    g = torch.Generator().manual_seed(seed)
+    layers = []
+    for _ in range(n_layers):
+        p = {"w_enc": torch.randn(d_model, d_sae, generator=g) * d_model ** -0.5,
+             "w_dec": torch.randn(*((d_sae, n_layers, d_model) if cross_layer else (d_sae, d_model)), generator=g)
+             * 0.3, "b_enc": torch.randn(d_sae, generator=g) * 0.1, "b_dec": torch.randn(d_model, generator=g) * 0.1,
+             "threshold": torch.rand(d_sae, generator=g) * 0.1}
+        if affine:
+            p["affine_skip_connection"] = torch.randn(d_model, d_model, generator=g) * 0.3 * d_model ** -0.5
+        layers.append(p)
+    return layers
+
+
+def write_plt(root, params, variant="width_16k_l0_small", site="transcoder_all", config=True):
+    for layer, p in enumerate(params):
+        folder = root / site / f"layer_{layer}_{variant}"
+        folder.mkdir(parents=True)
+        save_file(p, str(folder / "params.safetensors"))
+        if config:  # as the hub's folders hold it (SAELens' gemma_3 loader reads it)
+            (folder / "config.json").write_text(json.dumps({
+                "architecture": "jump_relu", "model_name": "gemma-v3-1b-pt", "affine_connection": variant.endswith(
+                    "_affine"), "hf_hook_point_in": f"model.layers.{layer}.pre_feedforward_layernorm.output",
+                "hf_hook_point_out": f"model.layers.{layer}.post_feedforward_layernorm.output"}))
+    return root / site / variant
+
+
+def write_clt(root, params, variant="width_262k_l0_medium"):
+    folder = root / "clt" / variant
+    folder.mkdir(parents=True)
+    for layer, p in enumerate(params):
+        save_file(p, str(folder / f"params_layer_{layer}.safetensors"))
+    return folder

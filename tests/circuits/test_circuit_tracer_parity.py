@@ -258,6 +258,80 @@ def test_chosen_targets_are_circuit_tracers(tmp_path, targets):
     assert a.shape == b.shape and (a - b).abs().max() <= 1e-5 * b.abs().max()
 
 
+@pytest.mark.parametrize("kind", ["transcoder_set", "cross_layer_transcoder"])
+def test_topk_attribution_graph_is_circuit_tracers(tmp_path, kind):
+    """A TopK set: circuit-tracer 0.5.0 has the activation (activation_functions.TopK) but no loader that builds one
+    and no file that holds k, so its set is read by its loader and given TopK(k) as a set's activation function, the
+    way its classes take one; ours reads k from config.yaml."""
+    from circuit_tracer.transcoder.activation_functions import TopK
+
+    hf = hf_checkpoint("llama", tmp_path / "model")
+    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS["llama"], k=4),
+                     tmp_path / "transcoders")
+    theirs_tc = their_transcoders(tmp_path / "transcoders", kind)
+    for module in ([theirs_tc] if kind == "cross_layer_transcoder" else theirs_tc.transcoders):
+        module.activation_function = TopK(4)
+    theirs_model = their_model("llama", hf, theirs_tc)
+    ours_model = FAMILIES["llama"].lm.from_pretrained(tmp_path / "model")
+    ours_model.tokenizer = Tokenizer()
+    ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
+    theirs = their_attribute(ids, theirs_model, max_n_logits=6, desired_logit_prob=0.9, batch_size=11)
+    ours = attribute(ours_model, load_transcoders(tmp_path / "transcoders"), ids, max_n_logits=6,
+                     desired_logit_prob=0.9, batch_size=11)
+    assert torch.equal(ours.active_features, theirs.active_features)
+    assert len(ours.active_features) == LAYERS * 4 * (len(ids) - 1)  # k per token and layer, none at position 0
+    torch.testing.assert_close(ours.activation_values, theirs.activation_values, rtol=1e-5, atol=1e-6)
+    a, b = ours.adjacency_matrix, theirs.adjacency_matrix
+    assert a.shape == b.shape and (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+@pytest.mark.parametrize("cross_layer", [False, True], ids=["per-layer", "cross-layer"])
+def test_gemma_scope_2_files_load_as_circuit_tracer_reads_them(tmp_path, cross_layer):
+    """Gemma Scope 2's params.safetensors (built as published, with the affine skip) through circuit-tracer's
+    load_gemma_scope_2_transcoder / load_gemma_scope_2_clt and ours: the same tensors, and the same features and
+    outputs on the same inputs. (circuit-tracer 0.5.0's load_gemma_scope_2_clt reads layers range(max(paths)): given
+    layers 0..n-1 it loads n-1 and fails; it is given one key past the last here so that it reads all n.)"""
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_gemma_scope_2_clt
+    from circuit_tracer.transcoder.single_layer_transcoder import load_gemma_scope_2_transcoder
+
+    from circuit_data import gemma_scope_2_params, write_clt, write_plt
+
+    cpu = torch.device("cpu")
+    params = gemma_scope_2_params(LAYERS, d_model=HIDDEN, cross_layer=cross_layer, affine=True)
+    if cross_layer:
+        where = write_clt(tmp_path, params, "width_262k_l0_medium_affine")
+        paths = {l: str(where / f"params_layer_{l}.safetensors") for l in range(LAYERS + 1)}
+        theirs = load_gemma_scope_2_clt(paths, "mlp.hook_in", "hook_mlp_out", device=cpu, dtype=torch.float32)
+    else:
+        where = write_plt(tmp_path, params, "width_16k_l0_small_affine")
+        theirs = [load_gemma_scope_2_transcoder(str(where.parent / f"layer_{l}_{where.name}" / "params.safetensors"),
+                                                l, device=cpu, dtype=torch.float32) for l in range(LAYERS)]
+    ours = load_transcoders(where)
+    x = torch.randn(LAYERS, 6, HIDDEN)
+    acts = [ours.encode(l, x[l]) for l in range(LAYERS)]
+    for l in range(LAYERS):
+        if cross_layer:
+            assert torch.equal(ours.W_enc[l], theirs.W_enc[l]) and torch.equal(ours.W_dec[l], theirs.W_dec[l])
+            assert torch.equal(ours.threshold[l], theirs.activation_function.threshold[l, 0])
+            assert torch.equal(ours.W_skip[l], theirs.W_skip[l])
+            theirs_acts = theirs.encode_layer(x[l], l)
+        else:
+            for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip"):
+                assert torch.equal(getattr(ours, name)[l], getattr(theirs[l], name)), name
+            assert torch.equal(ours.threshold[l], theirs[l].activation_function.threshold)
+            theirs_acts = theirs[l].encode(x[l])
+            torch.testing.assert_close(ours.reconstruct(l, acts, x[l]), theirs[l].decode(theirs_acts, x[l]),
+                                       rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(acts[l], theirs_acts, rtol=1e-5, atol=1e-6)  # its CLT encodes by einsum
+        assert torch.equal(acts[l] > 0, theirs_acts > 0) and (acts[l] > 0).any()
+    if cross_layer:
+        # every layer's output from every layer's features, plus the skip (its forward passes decode no input_acts,
+        # which its decode then asks for)
+        decoded = theirs.decode(theirs.encode(x).to_sparse(), x)
+        for l in range(LAYERS):
+            torch.testing.assert_close(ours.reconstruct(l, acts, x[l]), decoded[l], rtol=1e-5, atol=1e-6)
+
+
 def _same(mine, reference, where="") -> None:
     """The two JSON values alike: the same structure, strings and ints, and floats within 1e-4 relative (influences
     and weights are sums taken in other orders)."""

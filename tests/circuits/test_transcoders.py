@@ -101,7 +101,7 @@ def test_bad_files_are_refused_naming_the_file_and_tensor(tmp_path):
     with pytest.raises(DictionaryError, match="model_kind 'sae' is not one circuit-tracer loads"):
         load_transcoders(tmp_path)
     (tmp_path / "config.yaml").unlink()
-    with pytest.raises(DictionaryError, match="no config.yaml"):
+    with pytest.raises(DictionaryError, match="no transcoder set here; looked for circuit-tracer.s config.yaml"):
         load_transcoders(tmp_path)
 
 

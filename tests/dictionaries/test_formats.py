@@ -187,7 +187,8 @@ def test_hub_id_offline_from_the_cache_and_named_when_absent(tmp_path):
     """, tmp_path / "cache")
     assert done.stdout.split() == ["40"]
     assert "DictionaryError: org/saes: no such local path, and blocks.2.hook_resid_pre/cfg.json / " \
-           "blocks.2.hook_resid_pre/params.npz is not in the local Hugging Face cache" in done.stderr
+           "blocks.2.hook_resid_pre/params.npz / blocks.2.hook_resid_pre/params.safetensors is not in the local " \
+           "Hugging Face cache" in done.stderr
 
 
 # ---- bad files: each refused by name before any work ------------------------------------------------------------
