@@ -16,6 +16,9 @@ WRAPPED = {"gemma3": "gemma3_text"}
 # the registered families whose MLPs are mixtures of experts (their tables repeat "{e}" rows): an expert count in
 # their config.json is their own, in any other a model none of them builds
 MIXTURES = ("mixtral", "qwen3_moe")
+# registered family -> the quantizations (quantization_config's quant_method) its model class reads back to the very
+# weights transformers computes with when it dequantizes them (PretrainedModel.unpacked); any other is refused
+DEQUANTIZED: dict[str, tuple[str, ...]] = {}
 
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
@@ -41,12 +44,14 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
     GPTQ, AWQ, bitsandbytes, ... store packed integers and scales in place of the weights), a mixture of experts, a
     multimodal model (a vision or audio tower beside the language model), or a model_type in NOT_BUILT. Refused
     before anything is built or read, so no model is ever half loaded from it. A registered mixture of experts
-    (MIXTURES) and a multimodal file whose language model a family reads (WRAPPED) are not refused here."""
+    (MIXTURES), a quantization its family reads exactly (DEQUANTIZED) and a multimodal file whose language model a
+    family reads (WRAPPED) are not refused here."""
     supported = ", ".join(FAMILY_PACKAGES)
     quantization = raw.get("quantization_config")
-    wrapped = isinstance(raw.get("model_type"), str) and raw["model_type"] in WRAPPED
-    if quantization is not None:
-        method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
+    model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
+    wrapped = model_type in WRAPPED
+    method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
+    if quantization is not None and method not in DEQUANTIZED.get(model_type, ()):
         what = (f"a quantized checkpoint (quantization_config, quant_method {reprlib.repr(method)}): its weights are "
                 "stored packed, with scales, which these models do not read; load the checkpoint it was quantized "
                 "from (dtype= casts that one while loading)")
