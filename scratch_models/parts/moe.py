@@ -128,7 +128,7 @@ def forbid_experts(experts, where: torch.Tensor | None = None):
     remaining ones gives."""
     experts = [experts] if isinstance(experts, int) else list(experts)
 
-    def hook(logits):
+    def hook(logits, *_):  # a model's hooks also pass the point's name (TransformerLens: the hook)
         hidden = torch.zeros_like(logits, dtype=torch.bool)
         hidden[..., experts] = True
         if where is not None:
@@ -143,7 +143,7 @@ def force_expert(expert: int, where: torch.Tensor | None = None):
     of its last choice unless it chose that expert already; its weight is then its router probability (renormalised
     with the others' where the family renormalises)."""
 
-    def hook(chosen):
+    def hook(chosen, *_):
         has = (chosen == expert).any(-1)
         take = ~has if where is None else ~has & where.to(chosen.device)
         out = chosen.clone()

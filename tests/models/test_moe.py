@@ -198,6 +198,18 @@ def test_a_forward_pass_reads_only_the_experts_its_tokens_are_routed_to(family):
         assert torch.equal(model(ids).logits, expected)
 
 
+def test_the_edits_are_hooks_a_model_takes_by_name():
+    """forbid_experts and force_expert as a model's hooks call them (with the point's name): expert 1 forbidden
+    everywhere in layer 0, expert 0 forced at every token of layer 1."""
+    torch.manual_seed(0)
+    model = randomize_(MixtralForCausalLM(FAMILIES["mixtral"].tiny()), 0.3).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    names = ["layers.0.mlp.chosen", "layers.1.mlp.chosen"]
+    _, cache = model.run_with_cache(ids, names=names, hooks=[("layers.0.mlp.router_logits", forbid_experts(1)),
+                                                             ("layers.1.mlp.chosen", force_expert(0))])
+    assert not (cache[names[0]] == 1).any() and bool((cache[names[1]] == 0).any(-1).all())
+
+
 def test_loss_is_refused_where_transformers_adds_the_routers_load_balancing_loss():
     """output_router_logits: transformers adds router_aux_loss_coef times a load-balancing loss to the LM loss,
     which ours does not compute: a loss asked is refused, saying so; logits are computed as ever."""
