@@ -93,7 +93,17 @@ def reference(family: str, class_name: str | None = None, *, attention: str = "e
     cls = getattr(transformers, class_name or declared.lm.__name__)
     model = cls._from_config(config, attn_implementation=fused_attention(cls) if attention == "sdpa" else attention,
                              experts_implementation=EXPERTS)
-    return (randomize_(model, std, seed) if std else model).eval()
+    if std:
+        randomize_(model, std, seed)
+    # transformers keeps these modules' weights in float32 in a float16 model (_keep_in_fp32_modules: GPT-OSS's
+    # norms); ours casts them with the rest, the same numbers where the file's values fit float16, as the releases'
+    # (stored in bfloat16) do: so are these drawn, in bfloat16 (which float16 holds too, at these sizes)
+    kept = getattr(cls, "_keep_in_fp32_modules", None) or ()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if any(module in name.split(".") for module in kept):
+                parameter.copy_(parameter.to(torch.bfloat16))
+    return model.eval()
 
 
 def save(model, directory: Path, layout: str = "transformers") -> Path:

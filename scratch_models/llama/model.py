@@ -96,26 +96,30 @@ class LlamaAttention(nn.Module):
             # run the same kernels on the same layout and round exactly as transformers does
             k, v = k.contiguous(), v.contiguous()
         mask, causal = step.attention(self.sliding)
-        # the explicit path's softmax in float32, as transformers' eager attention computes it
-        context, probs = attend(q, k, v, mask, scale=self.head_dim ** -0.5,
-                                dropout_p=self.attention_dropout if self.training else 0.0,
-                                scores=self.scores, probs=self.probs, explicit=step.need_probs, causal=causal,
-                                upcast_softmax=True)
+        context, probs = self.scaled_dot_product(q, k, v, mask, causal=causal, explicit=step.need_probs)
         merged = self.context(context).transpose(1, 2).reshape(*x.shape[:2], -1)  # heads side by side: [b, s, n d]
         projected = project_heads(merged, self.o_proj, self.o_proj.weight.T, self.num_heads, self.result)
         return self.proj(projected), probs
+
+    def scaled_dot_product(self, q, k, v, mask, *, causal: bool, explicit: bool):
+        """(context [b, n, s, d], probs or None): parts/attention.py's `attend`, its explicit path's softmax in
+        float32 as transformers' eager attention computes it. GPT-OSS's attention sinks change this step only."""
+        return attend(q, k, v, mask, scale=self.head_dim ** -0.5,
+                      dropout_p=self.attention_dropout if self.training else 0.0, scores=self.scores,
+                      probs=self.probs, explicit=explicit, causal=causal, upcast_softmax=True)
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm: each sublayer reads an RMS-normalised copy of the residual stream and adds its output back to it."""
 
     norm = RMSNorm  # Gemma's layer is this one with its (1 + w) norm
+    attention = LlamaAttention  # GPT-OSS's adds its sinks
 
     def __init__(self, config: LlamaLikeConfig, layer_idx: int):
         super().__init__()
         self.norm_1 = self.norm(config.hidden_size, config.rms_norm_eps)
         self.ln_1 = HookPoint("b, s, h", "RMSNorm of the residual stream (input_layernorm): the attention's input")
-        self.attn = LlamaAttention(config, layer_idx)
+        self.attn = self.attention(config, layer_idx)
         self.resid_mid = HookPoint("b, s, h", "residual stream plus attention")
         self.norm_2 = self.norm(config.hidden_size, config.rms_norm_eps)
         self.ln_2 = HookPoint("b, s, h", "RMSNorm (post_attention_layernorm) of the residual stream: the MLP's input")

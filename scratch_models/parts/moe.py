@@ -1,12 +1,19 @@
 """A sparse mixture of experts (Shazeer et al., 2017; Fedus et al., 2021), the MLP of Mixtral, Qwen 3 MoE and GPT-OSS:
 a router scores every expert for each token, the token goes to its top k, and its output is their outputs weighted.
 
-    router_logits = gate(x)                         [b, s, E]   a linear map, no bias (Mixtral, Qwen 3 MoE)
+    router_logits = gate(x)                         [b, s, E]   a linear map, no bias (Mixtral, Qwen 3 MoE), with
+                                                                one (GPT-OSS)
     probs         = softmax(router_logits)          in float32 (or float64), as transformers computes it
     chosen        = top-k(probs)                    [b, s, k]   the experts each token is routed to, best first
     weights       = probs at chosen                 renormalised to sum to 1 where the family says so (Mixtral
                                                     always; Qwen 3 MoE where norm_topk_prob)
-    out           = Σ_k weights_k · expert_{chosen_k}(x)          each expert a gated MLP (parts/mlp.py)
+    out           = Σ_k weights_k · expert_{chosen_k}(x)          each expert a gated MLP (parts/mlp.py) by default
+
+GPT-OSS takes the other order (`softmax_of_chosen`): chosen = top-k(router_logits), weights = softmax over the k
+chosen logits alone, in the logits' dtype. In exact arithmetic these are the renormalised weights above; their
+roundings differ, and so may a tie between two experts, so each family computes them as transformers does. Its
+experts are not parts/mlp.py's (biases, a clamped SwiGLU, one tensor for all experts as its files hold them): a
+family passes its own bank of experts (`experts`), indexed by expert like the default nn.ModuleList.
 
 Only the experts some token is routed to run, each on its own tokens only (gathered by index, added back with
 index_add, expert by expert in ascending order as transformers adds them), so a forward pass reads the weights of
@@ -39,36 +46,48 @@ class SparseMoeBlock(nn.Module):
     float32 (float64 in a float64 model) and each weighted expert output is rounded to the model's dtype once
     (Mixtral, as transformers computes it in half precision); else they are cast to the model's dtype first (Qwen 3
     MoE). `jitter`: in training only, the input is multiplied by noise uniform in [1 - jitter, 1 + jitter] before
-    the router (Mixtral's router_jitter_noise)."""
+    the router (Mixtral's router_jitter_noise). `router_bias`: the router adds a bias (GPT-OSS). `softmax_of_chosen`:
+    top-k of the logits, then the softmax of the k chosen (GPT-OSS; `renormalize` then changes nothing). `experts`:
+    the family's own bank (len, iteration, and experts[e](x [t, h]) -> [t, h], its hook points under `e`); None:
+    num_experts gated MLPs of width expert_size with the activation `act`."""
 
     def __init__(self, hidden_size: int, expert_size: int, num_experts: int, top_k: int, act: str, *,
-                 renormalize: bool, float32_weights: bool, jitter: float = 0.0):
+                 renormalize: bool, float32_weights: bool, jitter: float = 0.0, router_bias: bool = False,
+                 softmax_of_chosen: bool = False, experts: nn.Module | None = None):
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"each token is routed to top_k={top_k} experts, which needs 1 to num_experts="
                              f"{num_experts}")
         self.num_experts, self.top_k = num_experts, top_k
         self.renormalize, self.float32_weights, self.jitter = renormalize, float32_weights, jitter
-        self.gate = nn.Linear(hidden_size, num_experts, bias=False)  # the router: one score per expert
+        self.softmax_of_chosen = softmax_of_chosen
+        self.gate = nn.Linear(hidden_size, num_experts, bias=router_bias)  # the router: one score per expert
         self.router_logits = HookPoint("b, s, E", "the router's score of every expert for each token (gate)")
-        self.chosen = HookPoint("b, s, k", "the experts each token is routed to (top-k of the router's "
-                                "probabilities, best first; an edit forces or forbids experts)")
-        self.routing_weights = HookPoint("b, s, k", "the weight of each chosen expert's output: its router "
-                                         "probability" + (", renormalised over the k chosen" if renormalize else ""))
-        self.experts = nn.ModuleList(GatedMLP(hidden_size, expert_size, act, tokens="t") for _ in range(num_experts))
+        ranked = "logits" if softmax_of_chosen else "probabilities"
+        self.chosen = HookPoint("b, s, k", f"the experts each token is routed to (top-k of the router's {ranked}, "
+                                "best first; an edit forces or forbids experts)")
+        self.routing_weights = HookPoint("b, s, k", "the weight of each chosen expert's output: " + (
+            "the softmax of the k chosen experts' logits" if softmax_of_chosen else "its router probability"
+            + (", renormalised over the k chosen" if renormalize else "")))
+        self.experts = experts if experts is not None else nn.ModuleList(
+            GatedMLP(hidden_size, expert_size, act, tokens="t") for _ in range(num_experts))
         self.proj = HookPoint("b, s, h", "the mixture's output: the chosen experts' outputs, weighted and summed")
 
     def forward(self, x):  # [b, s, h] -> [b, s, h]
         if self.training and self.jitter > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - self.jitter, 1.0 + self.jitter)
         logits = self.router_logits(self.gate(x))
-        # in float32 at least, as transformers computes them (float64 stays float64: a float64 run is for precision)
-        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        chosen = self.chosen(probs.topk(self.top_k, dim=-1).indices)
+        if self.softmax_of_chosen:  # in the logits' dtype, as transformers computes GPT-OSS's
+            ranked = logits
+        else:  # in float32 at least, as transformers computes them (float64 stays: a float64 run is for precision)
+            ranked = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        chosen = self.chosen(ranked.topk(self.top_k, dim=-1).indices)
         if self.chosen.active and not is_tracing(chosen):  # an edit may have put any tensor here
-            check_chosen(chosen, probs.shape, self.top_k)
-        weights = probs.gather(-1, chosen)
-        if self.renormalize:
+            check_chosen(chosen, logits.shape, self.top_k)
+        weights = ranked.gather(-1, chosen)
+        if self.softmax_of_chosen:
+            weights = torch.softmax(weights, dim=-1)
+        elif self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
         weights = self.routing_weights(weights if self.float32_weights else weights.to(logits.dtype))
         return self.proj(self.combine(x, chosen, weights))
@@ -109,7 +128,7 @@ def forbid_experts(experts, where: torch.Tensor | None = None):
     remaining ones gives."""
     experts = [experts] if isinstance(experts, int) else list(experts)
 
-    def hook(logits):
+    def hook(logits, *_):  # a model's hooks also pass the point's name (TransformerLens: the hook)
         hidden = torch.zeros_like(logits, dtype=torch.bool)
         hidden[..., experts] = True
         if where is not None:
@@ -124,7 +143,7 @@ def force_expert(expert: int, where: torch.Tensor | None = None):
     of its last choice unless it chose that expert already; its weight is then its router probability (renormalised
     with the others' where the family renormalises)."""
 
-    def hook(chosen):
+    def hook(chosen, *_):
         has = (chosen == expert).any(-1)
         take = ~has if where is None else ~has & where.to(chosen.device)
         out = chosen.clone()

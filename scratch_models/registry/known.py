@@ -10,12 +10,15 @@ from weight_mapping import CheckpointError
 
 # the registered families: a package of scratch_models each, whose name is its config.json model_type
 FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                   "olmo2", "mixtral", "qwen3_moe")
+                   "olmo2", "mixtral", "qwen3_moe", "gpt_oss")
 # model_type of a bigger (multimodal) model -> the registered family that reads the language model inside it
 WRAPPED = {"gemma3": "gemma3_text"}
 # the registered families whose MLPs are mixtures of experts (their tables repeat "{e}" rows): an expert count in
 # their config.json is their own, in any other a model none of them builds
-MIXTURES = ("mixtral", "qwen3_moe")
+MIXTURES = ("mixtral", "qwen3_moe", "gpt_oss")
+# registered family -> the quantizations (quantization_config's quant_method) its model class reads back to the very
+# weights transformers computes with when it dequantizes them (PretrainedModel.unpacked); any other is refused
+DEQUANTIZED: dict[str, tuple[str, ...]] = {"gpt_oss": ("mxfp4",)}
 
 
 # Models near the supported families that none of them builds, by config.json's model_type: what each is, so the
@@ -23,8 +26,6 @@ MIXTURES = ("mixtral", "qwen3_moe")
 NOT_BUILT = {
     "qwen2_moe": "Qwen2-MoE, a mixture of experts (each layer's MLP is many experts, a router picking some per token, "
                  "and a shared expert)",
-    "gpt_oss": "GPT-OSS, a mixture of experts not built here (a router with a bias, clamped SwiGLU experts, attention "
-               "sinks, alternating sliding windows; the released files store the experts in MXFP4)",
     "llava": "LLaVA, a multimodal model (a vision tower and a projector in front of a language model)",
     "llava_next": "LLaVA-NeXT, a multimodal model (a vision tower and a projector in front of a language model)",
     "qwen2_vl": "Qwen2-VL, a multimodal model (a vision tower beside its language model, rotary positions in three "
@@ -41,12 +42,14 @@ def refuse_unbuilt(raw: dict, config_path) -> None:
     GPTQ, AWQ, bitsandbytes, ... store packed integers and scales in place of the weights), a mixture of experts, a
     multimodal model (a vision or audio tower beside the language model), or a model_type in NOT_BUILT. Refused
     before anything is built or read, so no model is ever half loaded from it. A registered mixture of experts
-    (MIXTURES) and a multimodal file whose language model a family reads (WRAPPED) are not refused here."""
+    (MIXTURES), a quantization its family reads exactly (DEQUANTIZED) and a multimodal file whose language model a
+    family reads (WRAPPED) are not refused here."""
     supported = ", ".join(FAMILY_PACKAGES)
     quantization = raw.get("quantization_config")
-    wrapped = isinstance(raw.get("model_type"), str) and raw["model_type"] in WRAPPED
-    if quantization is not None:
-        method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
+    model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
+    wrapped = model_type in WRAPPED
+    method = quantization.get("quant_method", "unnamed") if isinstance(quantization, dict) else "unnamed"
+    if quantization is not None and method not in DEQUANTIZED.get(model_type, ()):
         what = (f"a quantized checkpoint (quantization_config, quant_method {reprlib.repr(method)}): its weights are "
                 "stored packed, with scales, which these models do not read; load the checkpoint it was quantized "
                 "from (dtype= casts that one while loading)")

@@ -115,6 +115,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
             config = cls.family.config_of(checkpoint)
         elif not isinstance(config, cls.config_class):
             raise TypeError(f"config must be a {cls.config_class.__name__}, got {type(config).__name__}")
+        checkpoint = cls.unpacked(checkpoint, as_dtype(dtype))
         check_layer_count(table, checkpoint, getattr(config, table.layers_field))
         tied = config.tie_word_embeddings
         twins = tied_twins(table, checkpoint) if tied else {}  # reads a pair only where the file holds both
@@ -138,6 +139,13 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
             model.use_transformer_lens()
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, checkpoint.source, info.summary())
         return model.eval()
+
+    @classmethod
+    def unpacked(cls, checkpoint, dtype: torch.dtype | None):
+        """`checkpoint` as the loader reads it (in `dtype`, None: as stored): itself, unless the family's files store
+        some weights packed, which it then presents unpacked to exactly transformers' numbers or refuses (GPT-OSS's
+        MXFP4 experts; the quantizations known.DEQUANTIZED lets through)."""
+        return checkpoint
 
     def read_checkpoint_settings(self, checkpoint, config) -> None:
         """Read what a checkpoint keeps beside its weights for the layers that use it (a causal LM's generate

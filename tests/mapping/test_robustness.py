@@ -567,7 +567,10 @@ def test_all_zero_mask_row_is_finite_and_attends_to_nothing(saved, models, famil
     assert bool(fused.logits.isfinite().all()) and bool(explicit.logits.isfinite().all())
     assert not explicit.attentions[0][1].any()
     spread = ref.attentions[0][1]  # [heads, 3, 3]
-    assert torch.allclose(spread, torch.full_like(spread, 1 / 3))
+    if any(name.endswith(".sinks") for name, _ in theirs.named_parameters()):
+        assert not spread.any()  # attention sinks (GPT-OSS): a row that sees no key gives the sink all of its weight
+    else:
+        assert torch.allclose(spread, torch.full_like(spread, 1 / 3))
     assert_parity(explicit.logits[0], ref.logits[0], "logits of the real row, explicit attention")
     assert_parity(explicit.logits, ref_sdpa.logits, "logits, explicit attention against SDPA")
     assert_parity(fused.logits, ref_sdpa.logits, "logits, fused attention against SDPA")

@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from helpers import assert_parity, check_causal_lm, each_device, padded_batch, reference, save, write_weights
+from helpers import (assert_parity, check_causal_lm, each_device, fused_attention, padded_batch, reference, save,
+                     write_weights)
 from scratch_models import ConfigError, LlamaConfig, LlamaForCausalLM, LlamaModel
 from scratch_models.registry.families import FAMILIES
 from scratch_models_cli.verify import EXPERTS, TOLERANCES, verify
@@ -138,9 +139,10 @@ def test_save_pretrained_is_read_back_bitwise_by_transformers(tmp_path, family):
         model = cls.from_pretrained(save(theirs, tmp_path / f"in-{cls.__name__}"))
         out = tmp_path / f"out-{cls.__name__}"
         model.save_pretrained(out)
-        back, info = getattr(transformers, cls.__name__).from_pretrained(out, output_loading_info=True,
-                                                                        attn_implementation="sdpa",
-                                                                        experts_implementation=EXPERTS)
+        their_class = getattr(transformers, cls.__name__)
+        back, info = their_class.from_pretrained(out, output_loading_info=True,
+                                                 attn_implementation=fused_attention(their_class),
+                                                 experts_implementation=EXPERTS)
         assert not any(info.values()), (cls.__name__, info)
         theirs_state = theirs.state_dict()
         assert all(torch.equal(tensor, theirs_state[key]) for key, tensor in back.state_dict().items())

@@ -24,7 +24,7 @@ def written_out(moe: SparseMoeBlock, x: torch.Tensor, chosen: torch.Tensor | Non
     x, probs = x.double(), torch.softmax(moe.gate(x).double(), -1)
     chosen = probs.topk(moe.top_k, -1).indices if chosen is None else chosen
     weights = probs.gather(-1, chosen)
-    if moe.renormalize:
+    if moe.renormalize or moe.softmax_of_chosen:  # the softmax of the chosen logits: the same weights
         weights = weights / weights.sum(-1, keepdim=True)
     out = torch.zeros_like(x)
     for e, expert in enumerate(moe.experts):
@@ -122,6 +122,31 @@ def test_forcing_forbidding_and_ablating_experts():
         assert_parity(ablated, moe(x) - part, "ablated")
 
 
+def test_a_router_bias_and_the_softmax_of_the_chosen_logits():
+    """GPT-OSS's router: a bias, the top k of its logits, weighted by the softmax of those k alone (in exact
+    arithmetic the renormalised probabilities: the formula above); forcing an expert weights it by the softmax of
+    the logits then chosen."""
+    torch.manual_seed(0)
+    moe = randomize_(SparseMoeBlock(H, M, E, K, "silu", renormalize=False, float32_weights=False, router_bias=True,
+                                    softmax_of_chosen=True), 0.5).eval()
+    x, seen = inputs(), {}
+    with torch.no_grad():
+        logits = moe.gate(x)
+        top = logits.topk(K, -1)
+        with _listening(moe, ["router_logits", "chosen", "routing_weights"], seen):
+            out = moe(x)
+        assert_parity(out.double(), written_out(moe, x), "mixture", dtype=torch.float32)
+        forced = top.indices.clone()
+        forced[..., -1] = torch.where((top.indices == 4).any(-1), forced[..., -1], 4)
+        with _editing(moe, "chosen", force_expert(4)):
+            assert_parity(moe(x).double(), written_out(moe, x, forced), "forced", dtype=torch.float32)
+    assert torch.equal(seen["router_logits"], logits)
+    assert torch.equal(seen["chosen"], top.indices)
+    assert torch.equal(seen["routing_weights"], torch.softmax(top.values, -1))
+    # the bias decides: without it other experts win somewhere
+    assert not torch.equal((logits - moe.gate.bias).topk(K, -1).indices, top.indices)
+
+
 def _editing(moe, name, fn):
     import contextlib
 
@@ -171,6 +196,18 @@ def test_a_forward_pass_reads_only_the_experts_its_tokens_are_routed_to(family):
                         parameter.fill_(float("nan"))
         assert unused, "some expert is left out on these tokens"
         assert torch.equal(model(ids).logits, expected)
+
+
+def test_the_edits_are_hooks_a_model_takes_by_name():
+    """forbid_experts and force_expert as a model's hooks call them (with the point's name): expert 1 forbidden
+    everywhere in layer 0, expert 0 forced at every token of layer 1."""
+    torch.manual_seed(0)
+    model = randomize_(MixtralForCausalLM(FAMILIES["mixtral"].tiny()), 0.3).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    names = ["layers.0.mlp.chosen", "layers.1.mlp.chosen"]
+    _, cache = model.run_with_cache(ids, names=names, hooks=[("layers.0.mlp.router_logits", forbid_experts(1)),
+                                                             ("layers.1.mlp.chosen", force_expert(0))])
+    assert not (cache[names[0]] == 1).any() and bool((cache[names[1]] == 0).any(-1).all())
 
 
 def test_loss_is_refused_where_transformers_adds_the_routers_load_balancing_loss():
