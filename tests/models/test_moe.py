@@ -176,6 +176,24 @@ def test_a_forward_pass_reads_only_the_experts_its_tokens_are_routed_to(family):
         assert torch.equal(model(ids).logits, expected)
 
 
+def test_a_cache_of_one_sequence_drops_its_batch_axis_and_keeps_each_experts_tokens():
+    """remove_batch_dim (TL's detect_head runs one sequence so): an expert's points ([t, ..], its tokens) have no
+    batch axis, and of one unpadded sequence stay as they are; of several, their rows say no sequence, and the error
+    names the point (it named the batch size as if it were inputs of several choices)."""
+    declared = FAMILIES["mixtral"]
+    torch.manual_seed(0)
+    model = declared.lm(declared.tiny()).eval()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([[3, 1, 4, 1, 5]]))
+        expert = next(name for name in cache if ".experts." in name and name.endswith(".proj"))
+        kept = cache[expert]
+        one = cache.remove_batch_dim()
+        assert torch.equal(one[expert], kept) and one["layers.0.out"].shape == (5, 48)
+        _, cache = model.run_with_cache(torch.tensor([[3, 1, 4, 1, 5], [2, 7, 1, 8, 2]]))
+    with pytest.raises(ValueError, match=r"layers\.\d\.mlp\.experts\.\d\.\w+ has shape .* routed to one expert"):
+        cache.remove_batch_dim(1)
+
+
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
