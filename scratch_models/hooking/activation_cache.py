@@ -695,6 +695,12 @@ def _one_row(name: str, tensor: torch.Tensor, row: int, batch: int, dims: tuple[
     """`tensor`'s batch row `row` (a broadcast row of 1 serves every row). With `kept`, (positions the run's
     attention mask keeps, the mask's length), only those positions on each sequence axis: an axis of size m covers
     the mask's last m positions (the new tokens after a KV cache, or the logits kept by logits_to_keep)."""
+    if dims[0] == "t":  # the tokens routed to one expert, every sequence's in batch order (parts/moe.py)
+        if batch == 1 and (kept is None or kept[0].numel() == kept[1]):
+            return tensor
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)} ({', '.join(dims)}): the tokens of every sequence "
+                         "routed to one expert, whose rows say no sequence; run the sequence alone, unpadded, to "
+                         "keep them with its batch axis removed")
     if dims[0] != "b" or tensor.shape[0] not in (batch, 1):
         raise ValueError(f"{name} has shape {tuple(tensor.shape)} ({', '.join(dims)}), not one row per sequence of "
                          f"the batch of {batch}: cannot pick a row (inputs of several choices per example?)")

@@ -30,6 +30,8 @@ from typing import Callable
 
 import torch
 
+from ..parts.moe import SparseMoeBlock
+
 # TL's shorthands for activation names (utils.get_act_name)
 _ACT_ALIASES = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",
                 "mlp_pre": "pre", "mlp_mid": "mid", "mlp_post": "post"}
@@ -122,7 +124,18 @@ class _Batch(Layout):
         return y[:1]
 
 
-SAME, HEADS, SCORES, BATCH = Layout(), _Heads(), _Scores(), _Batch()
+class _Tokens(Layout):
+    view = False  # a flattened copy where ours is not contiguous: an edit goes back through `take`
+    note = "one row per token, as the router reads them: ours [b, s, ..], TL's [b·s, ..]"
+
+    def show(self, x, batch):
+        return x.flatten(0, 1)
+
+    def take(self, y, x):
+        return y.reshape(x.shape)
+
+
+SAME, HEADS, SCORES, BATCH, TOKENS = Layout(), _Heads(), _Scores(), _Batch(), _Tokens()
 
 
 # ---- what a TL name stands for -----------------------------------------------------------------------------------
@@ -204,6 +217,55 @@ def attention_hooks(q: str = "q", k: str = "k") -> dict[str, Alias]:
         "blocks.{i}.attn.hook_result": Alias(f"{attn}.result"),
         "blocks.{i}.hook_attn_out": Alias(f"{attn}.proj"),
     }
+
+
+def by_mlp(mixture: str, dense: str) -> Callable:
+    """A source that depends on the layer's MLP: our point `mixture` where it is a mixture of experts
+    (parts/moe.py), `dense` where it is a gated MLP (Qwen 3 MoE keeps some layers dense)."""
+    def source(stream, layer: int) -> str:
+        return (mixture if isinstance(stream.model.layers[layer].mlp, SparseMoeBlock) else dense).format(i=layer)
+    return source
+
+
+NO_ROUTER_SCORES = ("TransformerBridge fires hook_router_scores only for a mixture whose block returns its router's "
+                    "scores (GPT-OSS's); this one's are the router's logits, blocks.{i}.mlp.gate.hook_out (TL's) or "
+                    "layers.{i}.mlp.router_logits (ours)")
+
+
+def moe_hooks(dense_pre: str = "layers.{i}.mlp.pre_act", dense_post: str = "layers.{i}.mlp.post_act") -> dict:
+    """TransformerBridge's names of a mixture of experts (MoEBridge around the block, MoERouterBridge around its
+    router `gate`) at `layers.{i}.mlp`, whose input is `layers.{i}.ln_2`: `mlp.hook_in` and its alias `hook_pre`
+    (what the block reads), `mlp.hook_out` and `hook_post` (the weighted sum, our `proj`); the router's input and
+    logits (`mlp.gate.hook_in`, `hook_out`), the chosen experts (`hook_expert_indices`, best first) and every
+    expert's weight (`hook_expert_weights`, 0 where not chosen) one row per token, [b·s, ..], under the router and
+    under the block both. On a dense layer of the same model the bridge's `hook_pre` and `hook_post` are the gated
+    MLP's, `dense_pre` and `dense_post` (the router's names have nothing there: no `mlp.gate`)."""
+    mlp = "layers.{i}.mlp"
+    return {
+        "blocks.{i}.mlp.hook_in": Alias("layers.{i}.ln_2"),
+        "blocks.{i}.mlp.hook_pre": Alias(by_mlp("layers.{i}.ln_2", dense_pre)),
+        # the router's input; ours is the experts' too, so an edit here reaches them as well (the bridge's, not)
+        "blocks.{i}.mlp.gate.hook_in": Alias(by_mlp("layers.{i}.ln_2", f"{mlp}.gate"), TOKENS),
+        "blocks.{i}.mlp.gate.hook_out": Alias(f"{mlp}.router_logits", TOKENS),
+        **{f"blocks.{{i}}.mlp.{at}hook_expert_weights": Alias(f"{mlp}.expert_weights", TOKENS)
+           for at in ("gate.", "")},
+        **{f"blocks.{{i}}.mlp.{at}hook_expert_indices": Alias(f"{mlp}.chosen", TOKENS) for at in ("gate.", "")},
+        "blocks.{i}.mlp.hook_router_scores": Missing(NO_ROUTER_SCORES),
+        "blocks.{i}.mlp.hook_post": Alias(by_mlp(f"{mlp}.proj", dense_post)),
+        "blocks.{i}.mlp.hook_out": Alias(f"{mlp}.proj"),
+    }
+
+
+def dense_mlp_only(weight: Callable) -> Callable:
+    """A gated MLP's weight (W_gate, W_in, W_out and their biases) where the layer has one; a mixture of experts has
+    no single one (nor has TransformerBridge), which the error says, with where each expert's are."""
+    def get(model, layer: int) -> torch.Tensor:
+        if isinstance(model.layers[layer].mlp, SparseMoeBlock):
+            raise ValueError(f"layer {layer}'s MLP is a mixture of experts, which has no single gated MLP's weight: "
+                             f"each expert's are layers.{layer}.mlp.experts.{{e}}.gate_proj, up_proj and down_proj "
+                             f"(nn.Linear, [out, in]), the router's layers.{layer}.mlp.gate")
+        return weight(model, layer)
+    return get
 
 
 # ---- weights a family's declaration already gives --------------------------------------------------------------

@@ -5,6 +5,7 @@ from weight_mapping.mixtral import MIXTRAL
 
 from ..llama.family import GROUPED, LIKE_LLAMA
 from ..registry.family import Family
+from . import transformer_lens
 from .config import MixtralConfig
 from .model import MixtralForCausalLM, MixtralModel
 from .task_heads import MixtralForQuestionAnswering, MixtralForSequenceClassification, MixtralForTokenClassification
@@ -16,11 +17,12 @@ SUMMARY = """{title} is pre-norm, like Llama, with RMSNorm (`norm_1`, `norm_2`, 
 
 A mixture of experts' layer: the router `mlp.gate` scores every expert for each token (`mlp.router_logits`, [b, s,
 E]); the token goes to the top k of their softmax probabilities (`mlp.chosen`, [b, s, k], best first), each weighted
-by its probability{renormalised} (`mlp.routing_weights`); each expert is a gated MLP run on its own tokens only
+by its probability{renormalised} (`mlp.routing_weights`; `mlp.expert_weights`, for a listener, holds them over every
+expert, 0 where not chosen, [b, s, E]); each expert is a gated MLP run on its own tokens only
 (`mlp.experts.{{e}}.pre_act`, `up`, `post_act`, `proj`: [t, ...], t the tokens routed to it, in batch and position
 order, the rows of `x[(chosen == e).any(-1)]`); `mlp.proj` is the weighted sum, what the layer adds to the stream.
 Editing `mlp.chosen` forces or forbids experts (the weights are then read from the probabilities at the experts
-chosen); editing `mlp.router_logits` to -inf at an expert forbids it; zeroing `mlp.experts.{{e}}.proj` ablates an
+chosen); editing `mlp.expert_weights` re-routes each token to the top k of the edited weights, weighted as edited; editing `mlp.router_logits` to -inf at an expert forbids it; zeroing `mlp.experts.{{e}}.proj` ablates an
 expert's output (parts/moe.py: forbid_experts, force_expert).
 
 The stream is `embeddings.out` before layer 0, `layers.{{i}}.resid_mid` between attention and MLP, and
@@ -46,4 +48,5 @@ FAMILY = Family(
                            renormalised=", renormalised over the k chosen", more=WINDOW),
     lm_checkpoint="mistralai/Mixtral-8x7B-v0.1",
     window_field="sliding_window",  # every layer's window
+    transformer_lens=transformer_lens.TABLE,
 )

@@ -22,11 +22,14 @@ torch.export, torch.compile) cannot branch on: while one is captured every exper
 where not chosen, which adds the same numbers in the same order (E / k times the work), and each expert's hook
 points hold every token.
 
-Each step is a hook point, read and edited like any other: `router_logits`, `chosen`, `routing_weights`, each
-expert's `experts.{e}.proj` (its output for its tokens, before weighting) and `proj` (the combined output). Editing
-`chosen` forces or forbids experts: the weights are then read from the probabilities at the experts chosen (and
-renormalised where the family does), so a forced expert gets its own router probability. `forbid_experts` and
-`force_expert` write such edits. Ablating an expert: zero its `experts.{e}.proj` (its tokens keep the other
+Each step is a hook point, read and edited like any other: `router_logits`, `expert_weights` (every expert's weight
+for each token, 0 where not chosen: TransformerLens' hook_expert_weights, computed only for a listener), `chosen`,
+`routing_weights`, each expert's `experts.{e}.proj` (its output for its tokens, before weighting) and `proj` (the
+combined output). Editing `expert_weights` re-routes as TransformerLens' bridge does: each token goes to the top k of
+the edited weights, weighted by them as they are (no renormalisation), and `chosen` shows those. Editing `chosen`
+forces or forbids experts: the weights are then read from the probabilities at the experts chosen (and renormalised
+where the family does), so a forced expert gets its own router probability. `forbid_experts` and `force_expert`
+write such edits. Ablating an expert: zero its `experts.{e}.proj` (its tokens keep the other
 experts' weighted outputs), or forbid it (its tokens go to the next best).
 
 Shapes: b batch, s tokens, h hidden, E experts, k experts per token, t tokens routed to one expert, m expert width.
@@ -64,6 +67,10 @@ class SparseMoeBlock(nn.Module):
         self.gate = nn.Linear(hidden_size, num_experts, bias=router_bias)  # the router: one score per expert
         self.router_logits = HookPoint("b, s, E", "the router's score of every expert for each token (gate)")
         ranked = "logits" if softmax_of_chosen else "probabilities"
+        # before `chosen`, as TransformerLens' bridge fires them: an edit here re-routes, and `chosen` shows it
+        self.expert_weights = HookPoint("b, s, E", "every expert's weight for each token: its routing weight if "
+                                        "chosen, else 0 (computed only for a listener; an edit re-routes each token "
+                                        "to the top k of the edited weights, weighted by them as they are)")
         self.chosen = HookPoint("b, s, k", f"the experts each token is routed to (top-k of the router's {ranked}, "
                                 "best first; an edit forces or forbids experts)")
         self.routing_weights = HookPoint("b, s, k", "the weight of each chosen expert's output: " + (
@@ -81,16 +88,40 @@ class SparseMoeBlock(nn.Module):
             ranked = logits
         else:  # in float32 at least, as transformers computes them (float64 stays: a float64 run is for precision)
             ranked = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        chosen = self.chosen(ranked.topk(self.top_k, dim=-1).indices)
-        if self.chosen.active and not is_tracing(chosen):  # an edit may have put any tensor here
-            check_chosen(chosen, logits.shape, self.top_k)
+        chosen = ranked.topk(self.top_k, dim=-1).indices
+        weights = self.weigh(ranked, chosen, logits.dtype)
+        if self.expert_weights.active:
+            chosen, weights = self.reroute(chosen, weights)
+        if self.chosen.active:  # an edit forces or forbids experts, weighted as the router weighs them
+            picked = self.chosen(chosen.clone())
+            if not is_tracing(picked):  # an edit may have put any tensor here
+                check_chosen(picked, logits.shape, self.top_k)
+            if is_tracing(picked) or not torch.equal(picked, chosen):
+                chosen, weights = picked, self.weigh(ranked, picked, logits.dtype)
+        weights = self.routing_weights(weights)
+        return self.proj(self.combine(x, chosen, weights))
+
+    def weigh(self, ranked, chosen, dtype):
+        """The chosen experts' weights from what the router ranked them by: the softmax over the k chosen logits, or
+        their router probabilities (renormalised over them where the family does); float32 or in the model's
+        `dtype` as the family keeps them."""
         weights = ranked.gather(-1, chosen)
         if self.softmax_of_chosen:
             weights = torch.softmax(weights, dim=-1)
         elif self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = self.routing_weights(weights if self.float32_weights else weights.to(logits.dtype))
-        return self.proj(self.combine(x, chosen, weights))
+        return weights if self.float32_weights else weights.to(dtype)
+
+    def reroute(self, chosen, weights):
+        """The routing through `expert_weights`: the weights scattered over every expert ([b, s, E]) for its
+        listeners; where they changed them, each token's k experts are the top k of theirs. The weights are always
+        gathered back from the listeners' tensor, so a gradient reaches it (unedited, they are the same numbers)."""
+        dense = torch.zeros(*chosen.shape[:-1], self.num_experts, dtype=weights.dtype,
+                            device=weights.device).scatter(-1, chosen, weights)
+        shown = self.expert_weights(dense.clone())  # a copy: an edit in place must not change what it is held to
+        if not is_tracing(shown) and not torch.equal(shown, dense):
+            chosen = shown.topk(self.top_k, dim=-1).indices
+        return chosen, shown.gather(-1, chosen)
 
     def combine(self, x, chosen, weights):
         """Σ_k weights_k · expert_{chosen_k}(x) per token, each expert run once on the tokens routed to it."""

@@ -7,6 +7,7 @@ from ..llama.family import GROUPED, LIKE_LLAMA
 from ..mixtral.family import SUMMARY
 from ..qwen3.family import NORMS
 from ..registry.family import Family
+from . import transformer_lens
 from .config import Qwen3MoeConfig
 from .model import Qwen3MoeForCausalLM, Qwen3MoeModel
 from .task_heads import Qwen3MoeForQuestionAnswering, Qwen3MoeForSequenceClassification, Qwen3MoeForTokenClassification
@@ -36,4 +37,5 @@ FAMILY = Family(
                            renormalised=" (renormalised over the k chosen where norm_topk_prob)", more=WINDOW),
     lm_checkpoint="Qwen/Qwen3-30B-A3B",
     window_field="sliding_window",  # every layer's (null without use_sliding_window)
+    transformer_lens=transformer_lens.TABLE,
 )

@@ -22,6 +22,7 @@ import transformers
 from helpers import LENS_FAMILIES, byte_level_bpe, each_lens_family, reference, save
 from test_lens_second_day import LAYERS, SHORT, TEXTS, bridge_of, supported, write_family
 from scratch_models.registry.families import FAMILIES
+from scratch_models.parts.moe import SparseMoeBlock
 
 pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
 
@@ -206,14 +207,28 @@ def test_to_string_reads_numpy_arrays_as_the_bridge(built, family):
 
 @each_lens_family
 def test_w_gate_is_none_where_the_mlp_has_no_gate(built, family):
+    """None where the MLP has no gate; a mixture of experts has no single W_gate, which both refuse (an
+    AttributeError, ours saying why); the stacked one of a model with some (Qwen 3 MoE's dense layers) is the
+    bridge's of those layers alone, and ours refuses it."""
     _, ours, bridge = built(family)
-    assert (ours.W_gate is None) == (bridge.W_gate is None) == (not ours.cfg.gated_mlp)
+    mixture = [isinstance(ours.layers[layer].mlp, SparseMoeBlock) for layer in range(LAYERS)]
+    if not any(mixture):
+        assert (ours.W_gate is None) == (bridge.W_gate is None) == (not ours.cfg.gated_mlp)
+    else:
+        with pytest.raises(AttributeError, match="mixture of experts"):
+            ours.W_gate
     for layer in range(LAYERS):
+        if mixture[layer]:
+            with pytest.raises(AttributeError, match=f"layer {layer}'s MLP is a mixture of experts"):
+                ours.blocks[layer].mlp.W_gate
+            with pytest.raises(AttributeError):
+                bridge.blocks[layer].mlp.W_gate
+            continue
         mine, theirs = ours.blocks[layer].mlp.W_gate, bridge.blocks[layer].mlp.W_gate
         assert (mine is None) == (theirs is None)
         if mine is not None:
             assert torch.equal(mine, theirs)
-    if ours.W_gate is not None:
+    if not any(mixture) and ours.W_gate is not None:
         assert torch.equal(ours.W_gate, bridge.W_gate)
 
 
@@ -259,6 +274,14 @@ def test_neuron_results_are_the_bridge_s(caches, family):
     its post-MLP norm, so that they are parts of its stream); a layer's neurons and b_out sum to its MLP's output;
     apply_ln gives them through the norm with its gain, which TL folds into the next weights. They did not exist."""
     ours, mine, theirs = caches(family)
+    sparse = [layer for layer in range(LAYERS) if isinstance(ours.layers[layer].mlp, SparseMoeBlock)]
+    if sparse:  # a mixture of experts has no neurons of one MLP: both refuse (ours saying why)
+        for cache in (mine, theirs):
+            with pytest.raises(AttributeError):
+                cache.get_neuron_results(sparse[0])
+            with pytest.raises(AttributeError):
+                cache.stack_neuron_results(-1)
+        return
     for layer in range(LAYERS):
         for neuron_slice, pos_slice in ((None, None), ([1, 3, 4], -1), (2, None), ((0, 5), (1, 4)), (None, [0, 2])):
             got = mine.get_neuron_results(layer, neuron_slice=neuron_slice, pos_slice=pos_slice)
@@ -302,10 +325,16 @@ def test_full_resid_decomposition_is_the_bridge_s(caches, family):
         with pytest.raises(ValueError, match="BERT is post-LN"):
             mine.get_full_resid_decomposition()
         return
+    # a mixture of experts has no neurons of one MLP: both refuse to expand them
+    mixture = any(isinstance(layer.mlp, SparseMoeBlock) for layer in ours.layers)
+    if mixture:
+        for cache in (mine, theirs):
+            with pytest.raises(AttributeError):
+                cache.get_full_resid_decomposition(expand_neurons=True)
     for layer, mlp_input in ((None, False), (1, False), (1, True), (0, False)):
         if mlp_input and not stream.has_mid:
             continue
-        for expand_neurons in (True, False):
+        for expand_neurons in (False,) if mixture else (True, False):
             stack, labels = mine.get_full_resid_decomposition(layer, mlp_input=mlp_input,
                                                               expand_neurons=expand_neurons, return_labels=True)
             expected, their_labels = theirs.get_full_resid_decomposition(layer, mlp_input=mlp_input,
@@ -319,9 +348,11 @@ def test_full_resid_decomposition_is_the_bridge_s(caches, family):
             else:  # the embeddings alike; heads and neurons through the post-norms
                 agree(stack[labels.index("embed")], expected[labels.index("embed")])
     if not post_normed(ours):
-        stack = mine.get_full_resid_decomposition(-1, apply_ln=True, pos_slice=-1, expand_neurons=True)
-        expected = theirs.get_full_resid_decomposition(-1, apply_ln=True, pos_slice=-1, expand_neurons=True)
+        stack = mine.get_full_resid_decomposition(-1, apply_ln=True, pos_slice=-1, expand_neurons=not mixture)
+        expected = theirs.get_full_resid_decomposition(-1, apply_ln=True, pos_slice=-1, expand_neurons=not mixture)
         agree(stack, expected * stream.decomposition(stream.n_layers, False)[2].gain(), "apply_ln")
         direction = ours.W_U[:, 3] - ours.W_U[:, 5]
-        agree(mine.get_full_resid_decomposition(pos_slice=-1, project_output_onto=direction),
-              theirs.get_full_resid_decomposition(pos_slice=-1, project_output_onto=direction), "projected")
+        agree(mine.get_full_resid_decomposition(pos_slice=-1, project_output_onto=direction,
+                                                expand_neurons=not mixture),
+              theirs.get_full_resid_decomposition(pos_slice=-1, project_output_onto=direction,
+                                                  expand_neurons=not mixture), "projected")

@@ -1,7 +1,10 @@
 """The mixture of experts of the shared floor (scratch_models/parts/moe.py), which Mixtral and Qwen3-MoE build their
 layers from: its sum against the formula written out densely, each step a hook point that can be read and edited
 (force, forbid and ablate experts), edits that make no sense refused by name, and a forward pass that reads only the
-experts its tokens are routed to."""
+experts its tokens are routed to, in memory and from a memory-mapped file."""
+
+import os
+import struct
 
 import pytest
 import torch
@@ -208,6 +211,85 @@ def test_the_edits_are_hooks_a_model_takes_by_name():
     _, cache = model.run_with_cache(ids, names=names, hooks=[("layers.0.mlp.router_logits", forbid_experts(1)),
                                                              ("layers.1.mlp.chosen", force_expert(0))])
     assert not (cache[names[0]] == 1).any() and bool((cache[names[1]] == 0).any(-1).all())
+
+
+def test_a_cache_of_one_sequence_drops_its_batch_axis_and_keeps_each_experts_tokens():
+    """remove_batch_dim (TL's detect_head runs one sequence so): an expert's points ([t, ..], its tokens) have no
+    batch axis, and of one unpadded sequence stay as they are; of several, their rows say no sequence, and the error
+    names the point (it named the batch size as if it were inputs of several choices)."""
+    declared = FAMILIES["mixtral"]
+    torch.manual_seed(0)
+    model = declared.lm(declared.tiny()).eval()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([[3, 1, 4, 1, 5]]))
+        expert = next(name for name in cache if ".experts." in name and name.endswith(".proj"))
+        kept = cache[expert]
+        one = cache.remove_batch_dim()
+        assert torch.equal(one[expert], kept) and one["layers.0.out"].shape == (5, 48)
+        _, cache = model.run_with_cache(torch.tensor([[3, 1, 4, 1, 5], [2, 7, 1, 8, 2]]))
+    with pytest.raises(ValueError, match=r"layers\.\d\.mlp\.experts\.\d\.\w+ has shape .* routed to one expert"):
+        cache.remove_batch_dim(1)
+
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def pages_in_memory(tensor: torch.Tensor) -> tuple[int, int]:
+    """(whole pages of `tensor`'s bytes this process has in memory, whole pages it spans), as /proc/self/pagemap
+    says (bit 63 of a page's entry: present)."""
+    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+    first, last = -(-start // PAGE), end // PAGE
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = struct.unpack(f"{last - first}Q", f.read((last - first) * 8))
+    return sum(entry >> 63 & 1 for entry in entries), last - first
+
+
+def mapped_ranges(path) -> list[tuple[int, int]]:
+    """The address ranges where this process maps the file `path` (/proc/self/maps)."""
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip("\n").endswith(" " + str(path)):
+                low, high = line.split()[0].split("-")
+                ranges.append((int(low, 16), int(high, 16)))
+    return ranges
+
+
+@pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="needs Linux's /proc/self/pagemap")
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_a_loaded_mixture_reads_from_its_file_only_the_experts_its_tokens_are_routed_to(family, tmp_path):
+    """A bfloat16 file loads as stored, every weight a view of the memory-mapped file (no copy, no float32), and
+    loading reads no page of any expert; a forward pass on one token reads the experts it is routed to, whole, and
+    not the others: which of the process's pages are in memory, /proc/self/pagemap says. (Past what it reads, the
+    kernel maps some neighbouring pages of the file along, 64 KB around a fault or a whole folio of the page cache:
+    an unrouted expert's matrix, 768 KB, may be partly in memory; a read of it would make it whole.)"""
+    declared = FAMILIES[family]
+    width = {"mixtral": "intermediate_size", "qwen3_moe": "moe_intermediate_size"}[family]
+    torch.manual_seed(0)
+    declared.lm(declared.tiny(**{width: 8192})).to(torch.bfloat16).save_pretrained(tmp_path)
+    model = declared.lm.from_pretrained(tmp_path)
+    mapped = mapped_ranges((tmp_path / "model.safetensors").resolve())
+    for name, parameter in model.named_parameters():
+        assert parameter.dtype == torch.bfloat16, name
+        assert any(low <= parameter.data_ptr() < high for low, high in mapped), f"{name} is a copy"
+    mixtures = {name: module for name, module in model.named_modules() if isinstance(module, SparseMoeBlock)}
+    experts = {(name, e): [getattr(expert, proj).weight for proj in ("gate_proj", "up_proj", "down_proj")]
+               for name, moe in mixtures.items() for e, expert in enumerate(moe.experts)}
+    for (name, e), weights in experts.items():
+        assert all(pages_in_memory(weight)[0] == 0 for weight in weights), f"loading read {name}.experts.{e}"
+    routed = {}
+    with torch.no_grad(), model.hooks([(f"{name}.chosen", lambda x, point: routed.update(
+            {point.removesuffix(".chosen"): set(x.flatten().tolist())})) for name in mixtures]):
+        model(torch.tensor([[3]]))
+    assert set(routed) == set(mixtures)
+    for (name, e), weights in experts.items():
+        for weight in weights:
+            present, pages = pages_in_memory(weight)
+            if e in routed[name]:
+                assert present == pages, f"{name}.experts.{e} is routed to and was not read whole"
+            else:
+                assert present < pages, f"{name}.experts.{e} is not routed to and was read whole"
 
 
 def test_loss_is_refused_where_transformers_adds_the_routers_load_balancing_loss():

@@ -1,0 +1,114 @@
+"""Mixtral and Qwen 3 MoE in TransformerLens' names, against TransformerLens' own TransformerBridge over transformers'
+model with the same random weights (its weight processing off): every hook name both have holds the same tensor (the
+router's input and logits, the chosen experts and their weights one row per token, the mixture's input and output;
+Qwen 3 MoE's dense layer 0 as a gated MLP), TL's weights and config fields are the bridge's, an edit of the experts'
+weights re-routes as the bridge's does, and text gets a BOS token as the bridge gives it."""
+
+import pytest
+import torch
+import transformers
+
+from helpers import assert_bridge_tensors, assert_parity, byte_level_bpe, reference, save
+from scratch_models.registry.families import FAMILIES
+from scratch_models_cli.verify import EXPERTS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
+
+FAMILY_NAMES = ("mixtral", "qwen3_moe")
+WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U")
+# the bridge's rotary angles, its copy of the attention's output, and the hook it fires only for a mixture that returns
+# its router's scores (never cached here)
+BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states", "mlp.hook_router_scores")
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def models(request, tmp_path_factory):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    family = request.param
+    directory = save(reference(family), tmp_path_factory.mktemp(family))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["a b c"] * 4, 30),
+                                                     bos_token="<s>", eos_token="</s>")
+    tokenizer.save_pretrained(directory)
+    lm = FAMILIES[family].lm
+    hf = getattr(transformers, lm.__name__).from_pretrained(directory, attn_implementation="eager",
+                                                            experts_implementation=EXPERTS).eval()
+    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return family, lm.from_pretrained(directory, transformer_lens=True), bridge
+
+
+def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
+    family, ours, bridge = models
+    ids = torch.randint(1, 36, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, theirs = bridge.run_with_cache(ids)
+        our_logits, cache = ours.run_with_cache(ids)
+    assert_parity(our_logits, logits, "logits")
+    declared = ours.lens_names()
+    names = [name for name in theirs.keys() if name in declared or not name.endswith((".hook_in", ".hook_out"))]
+    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
+    sparse = {f"blocks.1.{name}" for name in (
+        "ln2.hook_out", "mlp.hook_in", "mlp.hook_pre", "mlp.gate.hook_in", "mlp.gate.hook_out",
+        "mlp.hook_expert_indices", "mlp.gate.hook_expert_indices", "mlp.hook_expert_weights",
+        "mlp.gate.hook_expert_weights", "mlp.hook_post", "mlp.hook_out", "hook_mlp_out", "attn.hook_rot_q",
+        "attn.hook_pattern", "hook_resid_post")}
+    assert sparse | {"hook_embed", "ln_final.hook_scale", "hook_unembed"} <= set(compared)
+    if family == "qwen3_moe":  # layer 0 is dense: a gated MLP under the same names
+        assert {f"blocks.0.mlp.{name}" for name in ("hook_pre", "hook_pre_linear", "hook_post", "hook_out")} \
+            <= set(compared)
+        assert cache["blocks.0.mlp.hook_pre"].shape[-1] == ours.config.intermediate_size
+        with pytest.raises(KeyError, match="layers.0.mlp.router_logits"):
+            cache["blocks.0.mlp.gate.hook_out"]
+    # the weights: each token's k chosen, renormalised where the family does, 0 elsewhere
+    weights, chosen = cache["blocks.1.mlp.hook_expert_weights"], cache["blocks.1.mlp.hook_expert_indices"]
+    assert torch.equal((weights != 0).sum(-1), torch.full((18,), 2)) and torch.equal(weights.gather(-1, chosen) > 0,
+                                                                                     torch.ones(18, 2, dtype=bool))
+
+
+def test_an_edit_of_the_experts_weights_reroutes_as_the_bridges_does(models):
+    """Each token's weights mirrored, expert e's to expert E - 1 - e (the bridge: the top k of the edited weights,
+    no renormalisation): the same logits on both, and the chosen experts read after the edit are the mirrored ones;
+    unedited, a listener changes nothing, bitwise."""
+    _, ours, bridge = models
+    ids = torch.randint(1, 36, (2, 9), generator=torch.Generator().manual_seed(1))
+    hooks = [("blocks.1.mlp.hook_expert_weights", lambda weights, hook: weights.flip(-1))]
+    with torch.no_grad():
+        plain, before = ours.run_with_cache(ids)
+        theirs, mine = bridge.run_with_hooks(ids, fwd_hooks=hooks), ours.run_with_hooks(ids, fwd_hooks=hooks)
+        untouched = ours.run_with_hooks(ids, fwd_hooks=[("blocks.1.mlp.hook_expert_weights", lambda w, hook: w)])
+        _, after = ours.run_with_cache(ids, fwd_hooks=hooks)
+    assert torch.equal(untouched, plain)
+    assert not torch.allclose(mine, plain)
+    assert_parity(mine, theirs, "logits after the edit")
+    experts = before["blocks.1.mlp.hook_expert_weights"].shape[-1]
+    assert torch.equal(after["blocks.1.mlp.hook_expert_indices"],
+                       experts - 1 - before["blocks.1.mlp.hook_expert_indices"])
+
+
+def test_weights_and_config_are_the_bridges(models):
+    family, ours, bridge = models
+    for name in WEIGHTS:
+        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
+    for name in ("W_gate", "W_in", "W_out"):  # a mixture has none, on both
+        with pytest.raises(AttributeError):
+            getattr(bridge.blocks[1].mlp, name)
+        with pytest.raises(Exception, match="mixture of experts.*layers.1.mlp.experts"):
+            getattr(ours.blocks[1].mlp, name)
+    if family == "qwen3_moe":
+        for name in ("W_gate", "W_in", "W_out"):
+            assert torch.equal(getattr(ours.blocks[0].mlp, name), getattr(bridge.blocks[0].mlp, name)), name
+    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "eps",
+                  "positional_embedding_type", "normalization_type", "gated_mlp", "n_key_value_heads",
+                  "tie_word_embeddings", "num_experts", "experts_per_token", "default_prepend_bos"):
+        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
+    # the bridge's Mixtral adapter says its final norm is no RMSNorm; it is one, as ours says
+    assert ours.cfg.final_rms and bridge.cfg.final_rms == (family == "qwen3_moe")
+
+
+def test_text_gets_a_bos_token_as_the_bridge_gives_it(models):
+    _, ours, bridge = models
+    for prepend_bos in (None, True, False):
+        kwargs = {} if prepend_bos is None else dict(prepend_bos=prepend_bos)
+        assert torch.equal(ours.to_tokens("a b c", **kwargs), bridge.to_tokens("a b c", **kwargs)), prepend_bos
