@@ -8,6 +8,8 @@ each TL hook name to the tensor of ours that holds the same values and the layou
     Alias(source, HEADS)     heads and positions swapped: [b, n, s, d] <-> TL's [b, s, n, d] (hook_q/k/v/z)
     Alias(source, SCORES)    blocked entries as TL writes them, -inf, where ours hold the dtype's lowest number
     Alias(source, BATCH)     one row for the batch ([1, s, h]) shown as TL shows it, one per sequence
+    Alias(source, TOKENS)    one row per token, batch and positions flattened ([b·s, ..]), as TL's bridge shows a
+                             mixture's router (moe_hooks() declares a mixture of experts' names)
     NormStatistic(norm, which, stream)
                              TL's norm hooks (hook_scale, hook_normalized): the opt-in `scale` / `normalized` hook
                              point of our norm module `norm`, real forwards and backwards; a cache that did not
@@ -129,7 +131,7 @@ class _Tokens(Layout):
     note = "one row per token, as the router reads them: ours [b, s, ..], TL's [b·s, ..]"
 
     def show(self, x, batch):
-        return x.flatten(0, 1)
+        return x.flatten(0, 1) if x.dim() == 3 else x  # [s, ..] already: a cache whose batch axis was removed
 
     def take(self, y, x):
         return y.reshape(x.shape)

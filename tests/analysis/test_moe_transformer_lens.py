@@ -112,3 +112,14 @@ def test_text_gets_a_bos_token_as_the_bridge_gives_it(models):
     for prepend_bos in (None, True, False):
         kwargs = {} if prepend_bos is None else dict(prepend_bos=prepend_bos)
         assert torch.equal(ours.to_tokens("a b c", **kwargs), bridge.to_tokens("a b c", **kwargs)), prepend_bos
+
+
+def test_the_routers_names_of_one_sequence_without_its_batch_axis(models):
+    """remove_batch_dim (TL's detect_head runs one sequence so): the router's names keep one row per token."""
+    _, ours, _ = models
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(torch.arange(1, 8)[None])
+        kept = {name: cache[name] for name in ("blocks.1.mlp.gate.hook_out", "blocks.1.mlp.hook_expert_indices")}
+        cache.remove_batch_dim()
+    for name, tensor in kept.items():
+        assert torch.equal(cache[name], tensor), name

@@ -90,6 +90,42 @@ def _listening(moe, points, seen):
     return listening()
 
 
+def test_the_weights_over_every_expert_are_read_edited_and_differentiated():
+    """`expert_weights` [b, s, E]: the routing weights at the chosen experts, 0 elsewhere; listened to and left
+    alone, the output bitwise and its gradient on the chosen entries alone; edited (every token's weights mirrored,
+    expert e's to expert E - 1 - e), each token goes to the top k of the edited weights, weighted by them as they
+    are, and `chosen` (read after it) shows those experts."""
+    moe, x = block(True), inputs()
+    with torch.no_grad():
+        plain = moe(x)
+    seen = {}
+    moe.expert_weights.listen(lambda w: (w.retain_grad(), seen.__setitem__("weights", w), w)[-1])
+    try:
+        out = moe(x)
+        out.sum().backward()
+    finally:
+        moe.expert_weights.listen(None)
+    weights = seen["weights"]
+    assert torch.equal(out, plain)
+    assert torch.equal((weights != 0).sum(-1), torch.full((3, 7), K))
+    assert torch.equal(weights.grad != 0, weights != 0)
+    seen = {}
+    moe.expert_weights.listen(lambda w: w.flip(-1))
+    try:
+        with _listening(moe, ["chosen", "routing_weights"], seen), torch.no_grad():
+            edited = moe(x)
+            original = torch.softmax(moe.gate(x), -1).topk(K, -1).indices
+    finally:
+        moe.expert_weights.listen(None)
+    assert torch.equal(seen["chosen"], E - 1 - original)
+    with torch.no_grad():
+        expected = sum(seen["routing_weights"][..., slot, None] * torch.stack(
+            [moe.experts[e](x[b, s]) for b, s, e in zip(*torch.where(torch.ones(3, 7, dtype=bool)),
+                                                          seen["chosen"][..., slot].flatten())]).view(3, 7, H)
+            for slot in range(K))
+    assert_parity(edited, expected, "mirrored routing")
+
+
 def test_forcing_forbidding_and_ablating_experts():
     """force_expert on `chosen`: every token marked uses the expert (in place of its last choice), weighted by its
     own router probability renormalised with the other's; forbid_experts on `router_logits`: never chosen, its
