@@ -1,0 +1,299 @@
+"use strict";
+// The attribution graph page: lays the nodes out by layer (rows) and position (columns), draws the edges, and shows a
+// node's numbers, edges and corpus contexts in the side panel. Data: graph_page.py's graph_data.
+(function () {
+  const data = JSON.parse(document.getElementById("graph-data").textContent);
+  const svg = document.getElementById("graph");
+  const NS = svg.namespaceURI;  // the inline <svg>'s: new shapes join it without naming a URL here
+  const tokens = data.tokens, nLayers = data.nLayers, P = tokens.length;
+  const SLOT = 17, ROW = 58, LEFT = 64, TOP = 24, MIN_COLUMN = 58, LOGIT_WIDTH = 112, BOTTOM = 44, TOP_EDGES = 10;
+
+  const nodes = data.nodes;
+  const byIndex = new Map(nodes.map(n => [n.index, n]));
+  const incoming = new Map(nodes.map(n => [n.index, []]));
+  const outgoing = new Map(nodes.map(n => [n.index, []]));
+  for (const [target, source, weight] of data.edges) {
+    incoming.get(target).push([source, weight]);
+    outgoing.get(source).push([target, weight]);
+  }
+  const byMagnitude = (a, b) => Math.abs(b[1]) - Math.abs(a[1]);
+  for (const list of [...incoming.values(), ...outgoing.values()]) list.sort(byMagnitude);
+
+  // ---- layout: row 0 the embeddings, rows 1..nLayers the layers, the top row the logits ----
+  const rowOf = n => n.layer + 1;
+  const cells = new Map();
+  for (const n of nodes) {
+    if (n.kind === "logit") continue;
+    const key = rowOf(n) + ":" + n.pos;
+    if (!cells.has(key)) cells.set(key, []);
+    cells.get(key).push(n);
+  }
+  const kindOrder = {embedding: 0, feature: 1, error: 2};
+  for (const cell of cells.values()) {
+    cell.sort((a, b) => kindOrder[a.kind] - kindOrder[b.kind] || b.influence - a.influence);
+  }
+  const widths = tokens.map(() => MIN_COLUMN);
+  for (const [key, cell] of cells) {
+    const pos = +key.split(":")[1];
+    widths[pos] = Math.max(widths[pos], cell.length * SLOT + 10);
+  }
+  // a short prompt spreads out over the width there is, up to 2.5 times its columns' widths
+  const room = document.getElementById("graph-wrap").clientWidth - LEFT - 48;
+  const spread = Math.min(2.5, Math.max(1, room / widths.reduce((a, b) => a + b, 0)));
+  for (let pos = 0; pos < P; pos++) widths[pos] *= spread;
+  const starts = [];
+  let x = LEFT;
+  for (const w of widths) { starts.push(x); x += w; }
+  const logits = nodes.filter(n => n.kind === "logit").sort((a, b) => b.probability - a.probability);
+  const graphRight = Math.max(x, LEFT + logits.length * LOGIT_WIDTH);
+  const rowY = row => TOP + (nLayers + 1 - row) * ROW + ROW / 2;
+  const place = new Map();
+  for (const [key, cell] of cells) {
+    const [row, pos] = key.split(":").map(Number);
+    const left = starts[pos] + (widths[pos] - cell.length * SLOT) / 2;
+    cell.forEach((n, k) => place.set(n.index, [left + (k + 0.5) * SLOT, rowY(row)]));
+  }
+  // the logits right-aligned above the last position, the likeliest nearest it
+  logits.forEach((n, k) => place.set(n.index, [Math.min(starts[P - 1] + widths[P - 1] / 2, graphRight - LOGIT_WIDTH / 2)
+    - k * LOGIT_WIDTH, rowY(nLayers + 1)]));
+  let shift = 0;  // logits that reach left of the first column move everything right
+  for (const [px] of place.values()) shift = Math.max(shift, LEFT + LOGIT_WIDTH / 2 - px);
+  const width = graphRight + shift + 12, height = TOP + (nLayers + 2) * ROW + BOTTOM;
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.dataset.nodes = nodes.length;
+  svg.dataset.edges = data.edges.length;
+
+  function make(tag, attrs, parent, text) {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+
+  // ---- grid and labels ----
+  const grid = make("g", {id: "grid"}, svg);
+  for (let row = 0; row <= nLayers + 1; row++) {
+    const y = rowY(row);
+    make("line", {x1: LEFT - 6, x2: width - 6, y1: y, y2: y, class: "grid"}, grid);
+    const label = row === 0 ? "embed" : row === nLayers + 1 ? "logits" : "layer " + (row - 1);
+    make("text", {x: 6, y: y + 4, class: "row-label"}, grid, label);
+  }
+  tokens.forEach((token, pos) => {
+    const left = starts[pos] + shift, middle = left + widths[pos] / 2;
+    if (pos > 0) make("line", {x1: left, x2: left, y1: TOP, y2: height - BOTTOM + 4, class: "grid"}, grid);
+    const fits = Math.max(3, Math.floor(widths[pos] / 7.5));
+    const label = make("text", {x: middle, y: height - BOTTOM + 20, "text-anchor": "middle", class: "token-label"},
+                       grid, clip(shown(token), fits));
+    make("title", {}, label, `position ${pos}: ${JSON.stringify(token)}`);
+    make("text", {x: middle, y: height - BOTTOM + 34, "text-anchor": "middle", class: "position-label"}, grid, pos);
+  });
+
+  // ---- edges, weakest first so the strong ones lie on top ----
+  const largest = Math.max(1e-30, ...data.edges.map(e => Math.abs(e[2])));
+  const edgeLayer = make("g", {id: "edges"}, svg);
+  const edgeElements = new Map(nodes.map(n => [n.index, []]));
+  const ordered = data.edges.slice().sort((a, b) => Math.abs(a[2]) - Math.abs(b[2]));
+  for (const [target, source, weight] of ordered) {
+    const [sx, sy] = place.get(source), [tx, ty] = place.get(target);
+    const middle = (sy + ty) / 2, share = Math.abs(weight) / largest;
+    const path = make("path", {
+      d: `M${sx + shift} ${sy} C${sx + shift} ${middle} ${tx + shift} ${middle} ${tx + shift} ${ty}`,
+      class: "edge " + (weight >= 0 ? "pos" : "neg"), "stroke-width": (0.4 + 3.6 * share).toFixed(2),
+      "stroke-opacity": (0.15 + 0.6 * share).toFixed(3), "data-source": source, "data-target": target,
+      "data-weight": String(weight)}, edgeLayer);
+    edgeElements.get(source).push(path);
+    edgeElements.get(target).push(path);
+  }
+
+  // ---- nodes ----
+  const nodeLayer = make("g", {id: "nodes"}, svg);
+  const features = nodes.filter(n => n.kind === "feature");
+  const mostInfluence = Math.max(1e-30, ...features.map(n => n.influence));
+  const nodeElements = new Map();
+  for (const n of nodes) {
+    const [px, py] = place.get(n.index);
+    const g = make("g", {class: "node " + n.kind, transform: `translate(${px + shift},${py})`, "data-node": n.index,
+                         "data-kind": n.kind}, nodeLayer);
+    if (n.kind === "feature") {
+      const shade = Math.sqrt(Math.max(0, n.influence) / mostInfluence);  // light: little influence, dark: most
+      make("circle", {r: 6, class: "shape feature-shape", style: `fill: ${mix([233, 221, 255], [76, 29, 149], shade)}`}, g);
+    } else if (n.kind === "error") {
+      make("rect", {x: -5, y: -5, width: 10, height: 10, class: "shape error-shape"}, g);
+    } else if (n.kind === "embedding") {
+      make("path", {d: "M0 -7 L7 0 L0 7 L-7 0 Z", class: "shape embedding-shape"}, g);
+    } else {
+      const w = LOGIT_WIDTH - 10;
+      make("rect", {x: -w / 2, y: -12, width: w, height: 24, rx: 3, class: "shape logit-shape"}, g);
+      make("rect", {x: -w / 2 + 1, y: 7, width: Math.max(0, (w - 2) * n.probability), height: 4, class: "logit-bar"}, g);
+      make("text", {x: 0, y: 3, "text-anchor": "middle"}, g,
+           `${clip(logitText(n), 10)}  p=${n.probability.toFixed(3)}`);
+    }
+    make("title", {}, g, label(n));
+    g.addEventListener("mouseenter", () => { if (pinned === null) show(n.index); });
+    g.addEventListener("mouseleave", () => { if (pinned === null) clear(); });
+    g.addEventListener("click", event => { event.stopPropagation(); pin(n.index); });
+    nodeElements.set(n.index, g);
+  }
+
+  // ---- selection ----
+  let pinned = null, focused = null;
+  svg.addEventListener("click", () => { pinned = null; clear(); });
+  document.addEventListener("keydown", event => { if (event.key === "Escape") { pinned = null; clear(); } });
+
+  function pin(index) {
+    pinned = pinned === index ? null : index;
+    if (pinned === null) clear(); else show(index);
+  }
+
+  function clear() {
+    if (focused !== null) {
+      for (const e of edgeElements.get(focused)) e.classList.remove("on");
+      for (const g of nodeElements.values()) g.classList.remove("near", "sel");
+    }
+    focused = null;
+    svg.classList.remove("focus");
+    document.getElementById("panel-empty").hidden = false;
+    document.getElementById("details").hidden = true;
+  }
+
+  function show(index) {
+    clear();
+    focused = index;
+    svg.classList.add("focus");
+    for (const e of edgeElements.get(index)) e.classList.add("on");
+    nodeElements.get(index).classList.add("sel");
+    for (const [other] of [...incoming.get(index), ...outgoing.get(index)]) nodeElements.get(other).classList.add("near");
+    const n = byIndex.get(index);
+    document.getElementById("panel-empty").hidden = true;
+    const details = document.getElementById("details");
+    details.hidden = false;
+    details.dataset.node = index;
+    document.getElementById("node-title").textContent = label(n);
+    const numbers = document.getElementById("node-numbers");
+    numbers.replaceChildren();
+    const rows = [];
+    if (n.kind === "feature") rows.push(["activation", fmt(n.activation)]);
+    if (n.kind === "logit") rows.push(["probability", n.probability.toFixed(4)], ["token id", n.id]);
+    if (n.kind === "embedding") rows.push(["token id", n.id]);
+    if (n.kind !== "logit") {
+      rows.push(["influence", fmt(n.influence)],
+                ["cumulative influence", (100 * n.cumulative).toFixed(1) + "% (share of all influence, with the nodes above it)"]);
+    }
+    rows.push(["graph node", n.index]);
+    for (const [name, value] of rows) {
+      const tr = numbers.insertRow();
+      tr.insertCell().textContent = name;
+      tr.insertCell().textContent = value;
+    }
+    edgeList("in", incoming.get(index));
+    edgeList("out", outgoing.get(index));
+    contexts(n);
+  }
+
+  function edgeList(which, edges) {
+    const list = document.getElementById(which + "-edges");
+    list.replaceChildren();
+    document.getElementById(which + "-count").textContent =
+      edges.length > TOP_EDGES ? `(top ${TOP_EDGES} of ${edges.length} by |weight|)` : `(${edges.length})`;
+    if (!edges.length) {
+      const li = document.createElement("li");
+      li.className = "none";
+      li.textContent = which === "in" ? "none (an input)" : "none (an output)";
+      list.appendChild(li);
+    }
+    for (const [other, weight] of edges.slice(0, TOP_EDGES)) {
+      const li = document.createElement("li");
+      li.dataset.node = other;
+      li.dataset.weight = String(weight);
+      const w = document.createElement("span");
+      w.className = "w " + (weight >= 0 ? "pos-text" : "neg-text");
+      w.textContent = fmt(weight);
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      const fill = document.createElement("i");
+      fill.style.width = (50 * Math.abs(weight) / largest).toFixed(1) + "px";
+      fill.style.background = weight >= 0 ? "#2563eb" : "#dc4a26";
+      bar.appendChild(fill);
+      const name = document.createElement("span");
+      name.textContent = label(byIndex.get(other));
+      li.append(w, bar, name);
+      li.addEventListener("click", () => { pinned = other; show(other); });
+      list.appendChild(li);
+    }
+  }
+
+  function contexts(n) {
+    const box = document.getElementById("contexts");
+    box.replaceChildren();
+    if (n.kind !== "feature") return;
+    const heading = document.createElement("h3");
+    heading.textContent = "Top corpus contexts";
+    box.appendChild(heading);
+    const found = data.contexts && data.contexts[n.layer + ":" + n.feature];
+    if (!found) {
+      const p = document.createElement("p");
+      p.className = "none";
+      p.id = "no-contexts";
+      p.textContent = data.contexts
+        ? `No features run of layer ${n.layer}'s transcoder was given, so there are no corpus contexts for this feature.`
+        : data.contextsNote;
+      box.appendChild(p);
+      return;
+    }
+    const about = document.createElement("p");
+    about.textContent = `fires on ${(100 * found.frequency).toPrecision(3)}% of the corpus's tokens, at most ` +
+      `${fmt(found.max)}`;
+    box.appendChild(about);
+    if (!found.examples.length) {
+      const p = document.createElement("p");
+      p.className = "none";
+      p.textContent = "It never fired on the corpus.";
+      box.appendChild(p);
+    }
+    for (const example of found.examples) {
+      const div = document.createElement("div");
+      div.className = "example";
+      const value = document.createElement("span");
+      value.className = "value";
+      value.textContent = fmt(example.value);
+      div.appendChild(value);
+      example.tokens.forEach((token, k) => {
+        if (token === null) return;
+        const span = document.createElement("span");
+        span.className = "t" + (k === found.before ? " peak" : "");
+        span.textContent = token.replace(/\n/g, "↵");
+        const act = example.acts[k];
+        if (act !== null && act > 0 && found.max > 0) {
+          span.style.background = `rgba(124, 58, 237, ${Math.min(1, act / found.max) * 0.6})`;
+          span.title = "activation " + fmt(act);
+        }
+        div.appendChild(span);
+      });
+      box.appendChild(div);
+    }
+    if (found.page) {
+      const a = document.createElement("a");
+      a.href = found.page;
+      a.textContent = `feature ${n.feature}'s page (every context, histogram, logit effects)`;
+      box.appendChild(a);
+    }
+  }
+
+  // ---- text ----
+  function label(n) {
+    const at = `position ${n.pos} ${JSON.stringify(shown(tokens[n.pos]))}`;
+    if (n.kind === "feature") return `feature ${n.feature} · layer ${n.layer} · ${at}`;
+    if (n.kind === "error") return `MLP error · layer ${n.layer} · ${at}`;
+    if (n.kind === "embedding") return `embedding · ${at}`;
+    return `logit ${logitText(n)} · p = ${n.probability.toFixed(3)}`;
+  }
+  // the target token as text, its id where the checkpoint has no tokenizer to name it
+  function logitText(n) { return n.token ? JSON.stringify(shown(n.token)) : `#${n.id}`; }
+  function shown(token) { return token.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥"); }
+  function clip(text, count) { return text.length <= count ? text : text.slice(0, count - 1) + "…"; }
+  function fmt(v) { return v === null || v === undefined ? "—" : Number(v).toPrecision(4); }
+  function mix(a, b, t) { return `rgb(${a.map((c, k) => Math.round(c + (b[k] - c) * t)).join(",")})`; }
+})();
