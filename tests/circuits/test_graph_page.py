@@ -272,3 +272,27 @@ def test_a_features_contexts_or_a_plain_word_that_there_are_none(browser, setup,
     assert "no `scratch-models features` run of these transcoders was given" in browser.find_element(
         By.ID, "no-contexts").text
     assert severe_errors(browser) == []
+
+
+def test_at_rest_only_the_strongest_edges_show_and_a_chosen_node_shows_all_its_own(browser, setup):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _, edges = expected_subgraph(setup["graph"])
+    assert len(edges) > 50
+    open_page(browser, setup["root"] / "graph.html")
+
+    def visible():
+        return set(map(tuple, browser.execute_script(
+            "return [...document.querySelectorAll('#edges .edge')].filter(p => getComputedStyle(p).display !== 'none')"
+            ".map(p => [+p.dataset.target, +p.dataset.source])")))
+
+    assert visible() == set(edges)  # fewer than the 500 drawn at first
+    Select(browser.find_element(By.ID, "edge-limit")).select_by_value("50")
+    strongest = sorted(edges, key=lambda e: -abs(edges[e]))
+    assert visible() == set(strongest[:50])
+    assert browser.find_element(By.ID, "edge-count").text == f"50 of {len(edges)} drawn"
+    weak = strongest[-1]  # the weakest edge's target, chosen: all of its edges show, the weak one too
+    browser.find_element(By.CSS_SELECTOR, f'#nodes .node[data-node="{weak[0]}"]').click()
+    assert visible() == set(strongest[:50]) | {e for e in edges if weak[0] in e}
+    assert severe_errors(browser) == []

@@ -6,7 +6,8 @@
   const svg = document.getElementById("graph");
   const NS = svg.namespaceURI;  // the inline <svg>'s: new shapes join it without naming a URL here
   const tokens = data.tokens, nLayers = data.nLayers, P = tokens.length;
-  const SLOT = 17, ROW = 58, LEFT = 64, TOP = 24, MIN_COLUMN = 58, LOGIT_WIDTH = 112, BOTTOM = 44, TOP_EDGES = 10;
+  const SLOT = 17, PER_LINE = 8, LINE = 16, ROW = 52, LEFT = 64, TOP = 12, MIN_COLUMN = 58, LOGIT_WIDTH = 112;
+  const BOTTOM = 44, TOP_EDGES = 10;
 
   const nodes = data.nodes;
   const byIndex = new Map(nodes.map(n => [n.index, n]));
@@ -32,10 +33,14 @@
   for (const cell of cells.values()) {
     cell.sort((a, b) => kindOrder[a.kind] - kindOrder[b.kind] || b.influence - a.influence);
   }
+  // a cell wider than PER_LINE nodes wraps onto more lines; a row is as tall as its most wrapped cell
+  const linesOf = cell => Math.ceil(cell.length / PER_LINE);
   const widths = tokens.map(() => MIN_COLUMN);
+  const lines = new Array(nLayers + 2).fill(1);
   for (const [key, cell] of cells) {
-    const pos = +key.split(":")[1];
-    widths[pos] = Math.max(widths[pos], cell.length * SLOT + 10);
+    const [row, pos] = key.split(":").map(Number);
+    widths[pos] = Math.max(widths[pos], Math.min(cell.length, PER_LINE) * SLOT + 10);
+    lines[row] = Math.max(lines[row], linesOf(cell));
   }
   // a short prompt spreads out over the width there is, up to 2.5 times its columns' widths
   const room = document.getElementById("graph-wrap").clientWidth - LEFT - 48;
@@ -46,19 +51,30 @@
   for (const w of widths) { starts.push(x); x += w; }
   const logits = nodes.filter(n => n.kind === "logit").sort((a, b) => b.probability - a.probability);
   const graphRight = Math.max(x, LEFT + logits.length * LOGIT_WIDTH);
-  const rowY = row => TOP + (nLayers + 1 - row) * ROW + ROW / 2;
+  const centres = [];  // each row's middle, from the top (the logits) down
+  let y = TOP;
+  for (let row = nLayers + 1; row >= 0; row--) {
+    const tall = ROW + (lines[row] - 1) * LINE;
+    centres[row] = y + tall / 2;
+    y += tall;
+  }
+  const rowY = row => centres[row];
   const place = new Map();
   for (const [key, cell] of cells) {
     const [row, pos] = key.split(":").map(Number);
-    const left = starts[pos] + (widths[pos] - cell.length * SLOT) / 2;
-    cell.forEach((n, k) => place.set(n.index, [left + (k + 0.5) * SLOT, rowY(row)]));
+    const count = linesOf(cell);
+    cell.forEach((n, k) => {
+      const line = Math.floor(k / PER_LINE), onLine = Math.min(PER_LINE, cell.length - line * PER_LINE);
+      const left = starts[pos] + (widths[pos] - onLine * SLOT) / 2;
+      place.set(n.index, [left + (k % PER_LINE + 0.5) * SLOT, rowY(row) + (line - (count - 1) / 2) * LINE]);
+    });
   }
   // the logits right-aligned above the last position, the likeliest nearest it
   logits.forEach((n, k) => place.set(n.index, [Math.min(starts[P - 1] + widths[P - 1] / 2, graphRight - LOGIT_WIDTH / 2)
     - k * LOGIT_WIDTH, rowY(nLayers + 1)]));
   let shift = 0;  // logits that reach left of the first column move everything right
   for (const [px] of place.values()) shift = Math.max(shift, LEFT + LOGIT_WIDTH / 2 - px);
-  const width = graphRight + shift + 12, height = TOP + (nLayers + 2) * ROW + BOTTOM;
+  const width = graphRight + shift + 12, height = y + BOTTOM;
   svg.setAttribute("width", width);
   svg.setAttribute("height", height);
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -96,6 +112,7 @@
   const edgeLayer = make("g", {id: "edges"}, svg);
   const edgeElements = new Map(nodes.map(n => [n.index, []]));
   const ordered = data.edges.slice().sort((a, b) => Math.abs(a[2]) - Math.abs(b[2]));
+  const paths = [];  // strongest first: at rest only the first `limit` show (a chosen node shows all of its own)
   for (const [target, source, weight] of ordered) {
     const [sx, sy] = place.get(source), [tx, ty] = place.get(target);
     const middle = (sy + ty) / 2, share = Math.abs(weight) / largest;
@@ -106,7 +123,17 @@
       "data-weight": String(weight)}, edgeLayer);
     edgeElements.get(source).push(path);
     edgeElements.get(target).push(path);
+    paths.unshift(path);
   }
+  const limitChoice = document.getElementById("edge-limit");
+  function limitEdges() {
+    const limit = limitChoice.value === "all" ? paths.length : Math.min(paths.length, +limitChoice.value);
+    paths.forEach((path, rank) => path.classList.toggle("beyond", rank >= limit));
+    svg.dataset.drawn = limit;
+    document.getElementById("edge-count").textContent = `${limit} of ${paths.length} drawn`;
+  }
+  limitChoice.addEventListener("change", limitEdges);
+  limitEdges();
 
   // ---- nodes ----
   const nodeLayer = make("g", {id: "nodes"}, svg);
