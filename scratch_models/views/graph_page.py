@@ -9,7 +9,8 @@ one row per layer, the logit targets at the top) and by position (columns, label
 cell's features side by side, its error node last. Kinds are shapes: a feature a circle (shaded by its influence),
 an error node a grey square, an embedding a green diamond, a logit target a box with its token and probability.
 Edges are curves from source to target, blue where the weight is positive and red where negative, as wide and as
-opaque as |weight| against the largest shown. Hover a node to see its edges alone and its numbers (activation,
+opaque as |weight| against the largest shown; at rest the strongest 500 (a select changes it), a chosen node all of
+its own. Hover a node to see its edges alone and its numbers (activation,
 influence, its top incoming and outgoing edges); a click keeps it; a feature also shows its top corpus contexts
 when a `scratch-models features` run of its layer's transcoder is given (FeatureContexts), and says so plainly when
 none is.
@@ -101,9 +102,8 @@ def graph_data(graph: Graph, tokens: list[str], *, node_threshold: float, edge_t
     return {"tokens": list(tokens), "nLayers": graph.n_layers, "nodes": nodes,
             "edges": [[t, s, w] for t, s, w in zip(targets.tolist(), sources.tolist(), weights)],
             "contexts": contexts.for_features(features) if contexts is not None else None,
-            "contextsNote": contexts.note if contexts is not None else
-            "No corpus contexts: no `scratch-models features` run of these transcoders was given "
-            "(scratch-models attribute --features DIR)."}
+            "contextsNote": "No corpus contexts: no `scratch-models features` run of these transcoders was given "
+                            "(scratch-models attribute --features DIR)."}
 
 
 class FeatureContexts:
@@ -112,10 +112,6 @@ class FeatureContexts:
 
     def __init__(self, runs: dict[int, Path], shown_tokens, page_root: Path | None = None):
         self.runs, self.shown_tokens, self.page_root = runs, shown_tokens, page_root
-        layers = ", ".join(map(str, sorted(runs)))
-        self.note = (f"Corpus contexts from `scratch-models features` runs of layer{'s' * (len(runs) != 1)} {layers}; "
-                     "a feature of another layer has none here." if runs else
-                     "No corpus contexts: no `scratch-models features` run was given.")
 
     @classmethod
     def read(cls, directories, hooks: list[str], width: int, shown_tokens, page_root=None) -> "FeatureContexts":
