@@ -6,7 +6,7 @@
   const svg = document.getElementById("graph");
   const NS = svg.namespaceURI;  // the inline <svg>'s: new shapes join it without naming a URL here
   const tokens = data.tokens, nLayers = data.nLayers, P = tokens.length;
-  const SLOT = 17, PER_LINE = 8, LINE = 16, ROW = 52, LEFT = 64, TOP = 12, MIN_COLUMN = 58, LOGIT_WIDTH = 112;
+  const SLOT = 17, PER_LINE = 8, LINE = 16, ROW = 52, LEFT = 64, TOP = 12, MIN_COLUMN = 58;
   const BOTTOM = 44, TOP_EDGES = 10;
 
   const nodes = data.nodes;
@@ -42,15 +42,17 @@
     widths[pos] = Math.max(widths[pos], Math.min(cell.length, PER_LINE) * SLOT + 10);
     lines[row] = Math.max(lines[row], linesOf(cell));
   }
-  // a short prompt spreads out over the width there is, up to 2.5 times its columns' widths
+  // a short prompt spreads out over the width there is, up to 2.5 times its columns' widths, and as far as its
+  // logit targets' row needs (their boxes narrower, down to 66 px, where many share the width there is)
   const room = document.getElementById("graph-wrap").clientWidth - LEFT - 48;
-  const spread = Math.min(2.5, Math.max(1, room / widths.reduce((a, b) => a + b, 0)));
+  const logits = nodes.filter(n => n.kind === "logit").sort((a, b) => b.probability - a.probability);
+  const LOGIT_WIDTH = Math.max(66, Math.min(112, room / Math.max(1, logits.length)));
+  const natural = widths.reduce((a, b) => a + b, 0);
+  const spread = Math.max(Math.min(2.5, Math.max(1, room / natural)), logits.length * LOGIT_WIDTH / natural);
   for (let pos = 0; pos < P; pos++) widths[pos] *= spread;
   const starts = [];
   let x = LEFT;
   for (const w of widths) { starts.push(x); x += w; }
-  const logits = nodes.filter(n => n.kind === "logit").sort((a, b) => b.probability - a.probability);
-  const graphRight = Math.max(x, LEFT + logits.length * LOGIT_WIDTH);
   const centres = [];  // each row's middle, from the top (the logits) down
   let y = TOP;
   for (let row = nLayers + 1; row >= 0; row--) {
@@ -70,11 +72,9 @@
     });
   }
   // the logits right-aligned above the last position, the likeliest nearest it
-  logits.forEach((n, k) => place.set(n.index, [Math.min(starts[P - 1] + widths[P - 1] / 2, graphRight - LOGIT_WIDTH / 2)
-    - k * LOGIT_WIDTH, rowY(nLayers + 1)]));
-  let shift = 0;  // logits that reach left of the first column move everything right
-  for (const [px] of place.values()) shift = Math.max(shift, LEFT + LOGIT_WIDTH / 2 - px);
-  const width = graphRight + shift + 12, height = y + BOTTOM;
+  // the logit targets right-aligned, the likeliest above the last position
+  logits.forEach((n, k) => place.set(n.index, [x - (k + 0.5) * LOGIT_WIDTH, rowY(nLayers + 1)]));
+  const width = x + 12, height = y + BOTTOM;
   svg.setAttribute("width", width);
   svg.setAttribute("height", height);
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -98,7 +98,7 @@
     make("text", {x: 6, y: y + 4, class: "row-label"}, grid, label);
   }
   tokens.forEach((token, pos) => {
-    const left = starts[pos] + shift, middle = left + widths[pos] / 2;
+    const left = starts[pos], middle = left + widths[pos] / 2;
     if (pos > 0) make("line", {x1: left, x2: left, y1: TOP, y2: height - BOTTOM + 4, class: "grid"}, grid);
     const fits = Math.max(3, Math.floor(widths[pos] / 7.5));
     const label = make("text", {x: middle, y: height - BOTTOM + 20, "text-anchor": "middle", class: "token-label"},
@@ -117,7 +117,7 @@
     const [sx, sy] = place.get(source), [tx, ty] = place.get(target);
     const middle = (sy + ty) / 2, share = Math.abs(weight) / largest;
     const path = make("path", {
-      d: `M${sx + shift} ${sy} C${sx + shift} ${middle} ${tx + shift} ${middle} ${tx + shift} ${ty}`,
+      d: `M${sx} ${sy} C${sx} ${middle} ${tx} ${middle} ${tx} ${ty}`,
       class: "edge " + (weight >= 0 ? "pos" : "neg"), "stroke-width": (0.4 + 3.6 * share).toFixed(2),
       "stroke-opacity": (0.15 + 0.6 * share).toFixed(3), "data-source": source, "data-target": target,
       "data-weight": String(weight)}, edgeLayer);
@@ -142,7 +142,7 @@
   const nodeElements = new Map();
   for (const n of nodes) {
     const [px, py] = place.get(n.index);
-    const g = make("g", {class: "node " + n.kind, transform: `translate(${px + shift},${py})`, "data-node": n.index,
+    const g = make("g", {class: "node " + n.kind, transform: `translate(${px},${py})`, "data-node": n.index,
                          "data-kind": n.kind}, nodeLayer);
     if (n.kind === "feature") {
       const shade = Math.sqrt(Math.max(0, n.influence) / mostInfluence);  // light: little influence, dark: most
@@ -152,11 +152,11 @@
     } else if (n.kind === "embedding") {
       make("path", {d: "M0 -7 L7 0 L0 7 L-7 0 Z", class: "shape embedding-shape"}, g);
     } else {
-      const w = LOGIT_WIDTH - 10;
-      make("rect", {x: -w / 2, y: -12, width: w, height: 24, rx: 3, class: "shape logit-shape"}, g);
-      make("rect", {x: -w / 2 + 1, y: 7, width: Math.max(0, (w - 2) * n.probability), height: 4, class: "logit-bar"}, g);
-      make("text", {x: 0, y: 3, "text-anchor": "middle"}, g,
-           `${clip(logitText(n), 10)}  p=${n.probability.toFixed(3)}`);
+      const w = LOGIT_WIDTH - 8;
+      make("rect", {x: -w / 2, y: -16, width: w, height: 32, rx: 3, class: "shape logit-shape"}, g);
+      make("rect", {x: -w / 2 + 1, y: 11, width: Math.max(0, (w - 2) * n.probability), height: 4, class: "logit-bar"}, g);
+      make("text", {x: 0, y: -3, "text-anchor": "middle"}, g, clip(logitText(n), Math.floor(w / 7)));
+      make("text", {x: 0, y: 9, "text-anchor": "middle", class: "probability"}, g, `p = ${n.probability.toFixed(3)}`);
     }
     make("title", {}, g, label(n));
     g.addEventListener("mouseenter", () => { if (pinned === null) show(n.index); });
