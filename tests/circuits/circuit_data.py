@@ -49,21 +49,3 @@ def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: 
     cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan")
     return Transcoders(cfg, **tensors)
 
-
-def layer_dictionary(model, transcoders: Transcoders, layer: int):
-    """Layer `layer`'s transcoder as a dictionary at its input hook (its encoder: what `features` runs), so a
-    `scratch-models features` run of it gives the contexts of the graph's features of that layer."""
-    from scratch_models.dictionaries import SAEConfig, build
-
-    jumprelu = transcoders.threshold is not None
-    sae = build(SAEConfig(architecture="jumprelu" if jumprelu else "standard", d_in=transcoders.d_model,
-                          d_sae=transcoders.d_transcoder, hook_name=transcoders.sites(model)[0][layer],
-                          apply_b_dec_to_input=False))
-    with torch.no_grad():
-        sae.W_enc.copy_(transcoders.W_enc[layer].T)
-        sae.b_enc.copy_(transcoders.b_enc[layer])
-        sae.b_dec.zero_()  # not subtracted from the input, and the decoder is not what features reads
-        sae.W_dec.copy_(transcoders.decoder(layer, layer))
-        if jumprelu:
-            sae.threshold.copy_(transcoders.threshold[layer])
-    return sae

@@ -7,10 +7,9 @@ import pytest
 from locking import held_elsewhere
 import torch
 
-from circuit_data import layer_dictionary, random_transcoders
+from circuit_data import random_transcoders
 from scratch_models import FAMILIES
 from scratch_models.circuits import Graph, attribute, graph_scores, save_transcoders
-from scratch_models.dictionaries.features import run_features
 from scratch_models_cli.cli import main
 from weight_mapping.locks import LOCK_FILE
 
@@ -64,10 +63,11 @@ def _page_data(path):
 
 def test_features_runs_give_the_page_its_contexts(setup, tmp_path, capsys):
     root, model = setup
-    transcoders = _loaded(root)
-    runs = tmp_path / "features"
-    run_features(model, layer_dictionary(model, transcoders, 1), ["Once upon a time there lived a cat."] * 4,
-                 runs / "layer1", top_k=3, samples=3, window=(2, 1), progress=False, context=12)
+    runs = tmp_path / "features"  # layer 1's transcoder's features over a corpus, by the command line
+    (tmp_path / "corpus.txt").write_text("Once upon a time there lived a cat.\n" * 4)
+    assert main(["features", str(root / "model"), str(root / "transcoders"), str(tmp_path / "corpus.txt"),
+                 "--transcoder-layer", "1", "--out", str(runs / "layer1"), "--quiet", "--top-k", "3", "--samples",
+                 "3", "--context", "12"]) == 0
     out = tmp_path / "out"
     args = ["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--quiet",
             "--node-threshold", "0.95"]

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from circuit_data import layer_dictionary, random_transcoders
+from circuit_data import random_transcoders
 from scratch_models.circuits import attribute, prune_graph
 from scratch_models.dictionaries.features import run_features
 from scratch_models.views.graph_page import FeatureContexts, GraphPage
@@ -58,7 +58,7 @@ def setup(tiny_gpt2, tmp_path_factory):
     assert len(layers) == 2, "the test wants features shown in both layers: one with contexts, one without"
     with_run = layers[0]
     runs = root / "features"
-    run_features(lm, layer_dictionary(lm, transcoders, with_run), CORPUS, runs / f"layer{with_run}", top_k=4,
+    run_features(lm, transcoders.dictionary(with_run), CORPUS, runs / f"layer{with_run}", top_k=4,
                  samples=4, window=(3, 2), progress=False, context=16)
     contexts = FeatureContexts.read([runs], transcoders.sites(lm)[0], transcoders.d_transcoder,
                                     lm.tokenizer.shown_tokens, page_root=root)
