@@ -48,4 +48,3 @@ def random_transcoders(n_layers: int, d_model: int, d_transcoder: int, *, kind: 
     )
     cfg = TranscoderConfig(kind, *hooks, scan="tiny-test-scan")
     return Transcoders(cfg, **tensors)
-
