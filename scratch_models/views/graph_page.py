@@ -1,7 +1,7 @@
 """One self-contained HTML page of a pruned attribution graph (scratch_models.circuits), offline.
 
     page = GraphPage(graph, tokens)            # page.html; page.save("graph.html"); Jupyter shows it
-    GraphPage(graph, tokens, contexts=FeatureContexts.read(["features/"], hooks, width, tokenizer, graph))
+    GraphPage(graph, tokens, contexts=FeatureContexts.read(["features/"], hooks, width, tokenizer.shown_tokens))
 
 What it shows is what circuit-tracer's frontend files hold (circuits.graph.shown_subgraph): the nodes and edges
 pruning keeps at `node_threshold` and `edge_threshold`. Nodes sit by layer (rows: the token embeddings at the bottom,
@@ -10,10 +10,10 @@ cell's features side by side, its error node last. Kinds are shapes: a feature a
 an error node a grey square, an embedding a green diamond, a logit target a box with its token and probability.
 Edges are curves from source to target, blue where the weight is positive and red where negative, as wide and as
 opaque as |weight| against the largest shown; at rest the strongest 500 (a select changes it), a chosen node all of
-its own. Hover a node to see its edges alone and its numbers (activation,
-influence, its top incoming and outgoing edges); a click keeps it; a feature also shows its top corpus contexts
-when a `scratch-models features` run of its layer's transcoder is given (FeatureContexts), and says so plainly when
-none is.
+its own. Hover a node to see its edges alone and its numbers (activation, influence, its top incoming and outgoing
+edges); a click keeps it; a feature also shows its top corpus contexts when a `scratch-models features` run of its
+layer's transcoder is given (FeatureContexts), and says so plainly when none is. A run is matched to a layer by the
+hook it read and its width, which cannot tell two sets at the same hook apart: the panel names the run's dictionary.
 
 The markup, style and script are package data (static/graph.{html,css,js}); this module fills in the data as JSON.
 """
@@ -156,7 +156,7 @@ class FeatureContexts:
             if not wanted:
                 continue
             settings = json.loads((run / FEATURES_MANIFEST).read_text())["settings"]
-            before = settings["window"][0]
+            before, dictionary = settings["window"][0], settings.get("dictionary") or str(run)
             rows = datasets.load_from_disk(str(run / "dataset")).select(wanted)
             ids = {i for row in rows for window in row["top_ids"][:EXAMPLES] for i in window if i >= 0}
             strings = dict(zip(sorted(ids), self.shown_tokens(sorted(ids)))) if ids else {}
@@ -169,7 +169,7 @@ class FeatureContexts:
                     link = (os.path.relpath(page.resolve(), self.page_root.resolve()) if self.page_root is not None
                             else page.resolve().as_uri())
                 found[f"{layer}:{feature}"] = {
-                    "run": str(run), "fired": row["fired"], "frequency": row["frequency"], "max": row["max"],
+                    "run": str(run), "dictionary": dictionary, "fired": row["fired"], "frequency": row["frequency"], "max": row["max"],
                     "before": before, "page": link,
                     "examples": [{"value": value,
                                   "tokens": [strings[i] if i >= 0 else None for i in window],

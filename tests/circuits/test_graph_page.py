@@ -117,6 +117,7 @@ def test_contexts_are_the_features_runs(setup):
     assert [e["value"] for e in found["examples"]] == pytest.approx(row["top_value"], rel=1e-6)
     strings = setup["lm"].tokenizer.shown_tokens
     assert found["examples"][0]["tokens"] == [strings([i])[0] if i >= 0 else None for i in row["top_ids"][0]]
+    assert found["dictionary"] == f"transcoders (layer {layer})"  # Transcoders.dictionary's name, for the panel
     assert found["page"] == os.path.relpath(setup["run"] / "features" / f"{feature}.html", setup["root"])
     assert (setup["root"] / found["page"]).is_file()
 
@@ -251,6 +252,7 @@ def test_a_features_contexts_or_a_plain_word_that_there_are_none(browser, setup,
                 "feature.")
             continue
         found = data["contexts"][f"{layer}:{node['feature']}"]
+        assert box.find_element(By.CLASS_NAME, "about").text.endswith(f"(features run of transcoders (layer {layer}))")
         examples = box.find_elements(By.CLASS_NAME, "example")
         assert len(examples) == len(found["examples"]) > 0
         peak = found["examples"][0]["tokens"][found["before"]]

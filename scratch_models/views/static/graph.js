@@ -272,7 +272,8 @@
     }
     const about = document.createElement("p");
     about.textContent = `fires on ${(100 * found.frequency).toPrecision(3)}% of the corpus's tokens, at most ` +
-      `${fmt(found.max)}`;
+      `${fmt(found.max)} (features run of ${found.dictionary})`;
+    about.className = "about";
     box.appendChild(about);
     if (!found.examples.length) {
       const p = document.createElement("p");
