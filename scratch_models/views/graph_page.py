@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from ..circuits.graph import Graph, node_influence, prune_graph, shown_subgraph
+from ..circuits.graph import Graph, graph_scores, node_influence, prune_graph, shown_subgraph
 from .display import page_file, script_json, write_atomically
 
 IFRAME_HEIGHT = 900  # px of a page shown in a notebook; it scrolls inside
@@ -45,9 +45,11 @@ class GraphPage:
         data = graph_data(graph, tokens, node_threshold=node_threshold, edge_threshold=edge_threshold,
                           contexts=contexts)
         self.nodes, self.edges = len(data["nodes"]), len(data["edges"])
+        replacement, completeness = graph_scores(graph)
         subtitle = (f"{graph.n_pos} tokens · {graph.n_layers} layers · {self.nodes} nodes and {self.edges} edges "
                     f"after pruning (node threshold {node_threshold:g}, edge threshold {edge_threshold:g}) of "
-                    f"{graph.adjacency_matrix.shape[0]} nodes")
+                    f"{graph.adjacency_matrix.shape[0]} nodes · replacement score {replacement:.3f}, completeness "
+                    f"score {completeness:.3f}")
         parts = {"TITLE": html.escape(title), "SUBTITLE": html.escape(subtitle), "STYLE": page_file("graph.css"),
                  "SCRIPT": page_file("graph.js"), "DATA": script_json(data)}
         # one pass, so a title holding "__DATA__" is not filled in a second time

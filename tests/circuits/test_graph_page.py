@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from circuit_data import random_transcoders
-from scratch_models.circuits import attribute, prune_graph
+from scratch_models.circuits import attribute, graph_scores, prune_graph
 from scratch_models.dictionaries.features import run_features
 from scratch_models.views.graph_page import FeatureContexts, GraphPage
 
@@ -79,6 +79,8 @@ def test_page_is_self_contained_and_escaped(setup):
     assert "<b>&" not in page and "graph &lt;of&gt; a prompt" in page
     assert "__" not in re.sub(r"<script.*?</script>", "", page, flags=re.S)  # every placeholder filled in
     assert page_data(page)["tokens"] == setup["tokens"]
+    replacement, completeness = graph_scores(setup["graph"])
+    assert f"replacement score {replacement:.3f}, completeness score {completeness:.3f}" in page
 
 
 def test_nodes_and_edges_are_the_pruned_graphs(setup):
