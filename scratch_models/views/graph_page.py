@@ -24,10 +24,14 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
 from ..circuits.graph import Graph, graph_scores, node_influence, prune_graph, shown_subgraph
 from .display import page_file, script_json, write_atomically
 
 IFRAME_HEIGHT = 900  # px of a page shown in a notebook; it scrolls inside
+MAX_EDGES = 20_000  # edges a page holds at most (and each node's TOP_EDGES strongest each way): about 1 MB of them
+TOP_EDGES = 10  # a node's strongest edges each way, listed in its panel (graph.js's TOP_EDGES)
 EXAMPLES = 5  # corpus contexts a feature shows
 FEATURES_MANIFEST, FEATURES_FORMAT = "features.json", "scratch-models features"  # dictionaries/features.py's
 
@@ -35,18 +39,21 @@ FEATURES_MANIFEST, FEATURES_FORMAT = "features.json", "scratch-models features" 
 class GraphPage:
     """The page of `graph` pruned at the thresholds; `tokens` the prompt's tokens as text (one per position).
     contexts: the features' corpus contexts (FeatureContexts), or None.
-    Attributes: html (the page), nodes and edges (how many it draws)."""
+    max_edges: past this many pruned edges the page holds the strongest max_edges and each node's TOP_EDGES strongest
+    each way (what its panel lists), and says so: a browser draws a few tens of thousands of curves, not millions.
+    Attributes: html (the page), nodes and edges (how many it draws), notice (what it leaves out, or None)."""
 
     def __init__(self, graph: Graph, tokens: list[str], *, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-                 contexts: "FeatureContexts | None" = None, title: str = "attribution graph"):
+                 contexts: "FeatureContexts | None" = None, title: str = "attribution graph",
+                 max_edges: int = MAX_EDGES):
         if len(tokens) != graph.n_pos:
             raise ValueError(f"tokens: {len(tokens)} given for a graph of {graph.n_pos} positions")
         self.title = title
         data = graph_data(graph, tokens, node_threshold=node_threshold, edge_threshold=edge_threshold,
-                          contexts=contexts)
-        self.nodes, self.edges = len(data["nodes"]), len(data["edges"])
+                          contexts=contexts, max_edges=max_edges)
+        self.nodes, self.edges, self.notice = len(data["nodes"]), len(data["edges"]), data["notice"]
         replacement, completeness = graph_scores(graph)
-        subtitle = (f"{graph.n_pos} tokens · {graph.n_layers} layers · {self.nodes} nodes and {self.edges} edges "
+        subtitle = (f"{graph.n_pos} tokens · {graph.n_layers} layers · {self.nodes} nodes and {data['total']} edges "
                     f"after pruning (node threshold {node_threshold:g}, edge threshold {edge_threshold:g}) of "
                     f"{graph.adjacency_matrix.shape[0]} nodes · replacement score {replacement:.3f}, completeness "
                     f"score {completeness:.3f}")
@@ -70,18 +77,31 @@ class GraphPage:
 
 
 def graph_data(graph: Graph, tokens: list[str], *, node_threshold: float, edge_threshold: float,
-               contexts: "FeatureContexts | None") -> dict:
-    """What the page's script draws: the shown nodes (each with its index in the graph's adjacency matrix), the
-    edges between them as [target, source, weight] (graph indices), and the features' contexts."""
+               contexts: "FeatureContexts | None", max_edges: int = MAX_EDGES) -> dict:
+    """What the page's script draws: the shown nodes (each with its index in the graph's adjacency matrix and its
+    edges' counts, [in, out]), the edges between them as [target, source, weight] (graph indices; past max_edges the
+    ones `held` keeps), and the features' contexts."""
+    if max_edges < 0:
+        raise ValueError(f"max_edges must be at least 0, got {max_edges}")
     pruned = prune_graph(graph, node_threshold, edge_threshold)
     shown, targets, sources = shown_subgraph(graph, pruned)
+    weights = graph.adjacency_matrix[targets, sources]
+    size = graph.adjacency_matrix.shape[0]
+    ins, outs = torch.bincount(targets, minlength=size).tolist(), torch.bincount(sources, minlength=size).tolist()
+    total = len(weights)
+    notice = None
+    if total > max_edges:
+        keep = held(targets, sources, weights, max_edges)
+        targets, sources, weights = targets[keep], sources[keep], weights[keep]
+        notice = (f"This page holds {len(weights):,} of the {total:,} edges pruning keeps: the strongest {max_edges:,} "
+                  f"and each node's {TOP_EDGES} strongest each way (GraphPage's max_edges).")
     influence = node_influence(graph)
     n_features = len(graph.selected_features)
     error_end = n_features + graph.n_pos * graph.n_layers
     token_end = error_end + graph.n_pos
     nodes = []
     for index in shown.nonzero()[:, 0].tolist():
-        node = {"index": index, "influence": influence[index].item(),
+        node = {"index": index, "influence": influence[index].item(), "degree": [ins[index], outs[index]],
                 "cumulative": pruned.cumulative_scores[index].item()}
         if index < n_features:
             layer, pos, feature = graph.active_features[graph.selected_features[index]].tolist()
@@ -99,13 +119,27 @@ def graph_data(graph: Graph, tokens: list[str], *, node_threshold: float, edge_t
             node |= {"kind": "logit", "layer": graph.n_layers, "pos": graph.n_pos - 1, "id": int(vocab_index),
                      "token": str(token), "probability": graph.logit_probabilities[j].item()}
         nodes.append(node)
-    weights = graph.adjacency_matrix[targets, sources].tolist()
     features = {(n["layer"], n["feature"]) for n in nodes if n["kind"] == "feature"}
-    return {"tokens": list(tokens), "nLayers": graph.n_layers, "nodes": nodes,
-            "edges": [[t, s, w] for t, s, w in zip(targets.tolist(), sources.tolist(), weights)],
+    return {"tokens": list(tokens), "nLayers": graph.n_layers, "nodes": nodes, "total": total, "notice": notice,
+            "topEdges": TOP_EDGES,
+            "edges": [[t, s, w] for t, s, w in zip(targets.tolist(), sources.tolist(), weights.tolist())],
             "contexts": contexts.for_features(features) if contexts is not None else None,
             "contextsNote": "No corpus contexts: no `scratch-models features` run of these transcoders was given "
                             "(scratch-models attribute --features DIR)."}
+
+
+def held(targets: torch.Tensor, sources: torch.Tensor, weights: torch.Tensor, count: int) -> torch.Tensor:
+    """[E] bool: the `count` edges of largest |weight|, and each node's TOP_EDGES largest as a target and as a
+    source."""
+    order = torch.argsort(weights.abs(), descending=True, stable=True)
+    keep = torch.zeros(len(weights), dtype=torch.bool)
+    keep[order[:count]] = True
+    for ends in (targets, sources):
+        by_node = order[torch.argsort(ends[order], stable=True)]  # grouped by node, strongest first in each
+        group = ends[by_node]
+        starts = torch.searchsorted(group, group)  # each edge's group's first place (group is sorted)
+        keep[by_node[torch.arange(len(group)) - starts < TOP_EDGES]] = True
+    return keep
 
 
 class FeatureContexts:

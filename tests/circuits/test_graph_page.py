@@ -300,3 +300,40 @@ def test_at_rest_only_the_strongest_edges_show_and_a_chosen_node_shows_all_its_o
     browser.find_element(By.CSS_SELECTOR, f'#nodes .node[data-node="{weak[0]}"]').click()
     assert visible() == set(strongest[:50]) | {e for e in edges if weak[0] in e}
     assert severe_errors(browser) == []
+
+
+
+def test_a_page_past_max_edges_holds_the_strongest_and_each_nodes_own_and_says_so(browser, setup, tmp_path,
+                                                                                   monkeypatch):
+    from selenium.webdriver.common.by import By
+
+    from scratch_models.views import graph_page
+
+    top = 2  # a node's edges listed each way, fewer than this small graph's nodes have, to leave some out
+    monkeypatch.setattr(graph_page, "TOP_EDGES", top)
+    graph = setup["graph"]
+    nodes, edges = expected_subgraph(graph)
+    page = GraphPage(graph, setup["tokens"], max_edges=20, **THRESHOLDS)
+    strongest = sorted(edges, key=lambda e: -abs(edges[e]))
+    expected = set(strongest[:20])
+    for end in (0, 1):  # each node's strongest as a target, then as a source
+        for node in nodes:
+            expected |= set([e for e in strongest if e[end] == node][:top])
+    data = page_data(page.html)
+    assert {(t, s) for t, s, _ in data["edges"]} == expected and page.edges == len(expected) < len(edges)
+    assert page.notice == (f"This page holds {len(expected):,} of the {len(edges):,} edges pruning keeps: the "
+                           f"strongest 20 and each node's {top} strongest each way (GraphPage's max_edges).")
+    assert f"{len(edges)} edges after pruning" in page.html  # the subtitle counts them all
+    page.save(tmp_path / "bounded.html")
+    open_page(browser, tmp_path / "bounded.html")
+    assert browser.find_element(By.ID, "notice").text == page.notice
+    # a node's panel lists its strongest edges, and counts all of them
+    busiest = max(nodes, key=lambda i: sum(i == t for t, _ in edges))
+    browser.find_element(By.CSS_SELECTOR, f'#nodes .node[data-node="{busiest}"]').click()
+    ranked = sorted(((s, w) for (t, s), w in edges.items() if t == busiest), key=lambda e: -abs(e[1]))
+    assert len(ranked) > top
+    assert [(i, float(w)) for i, w in _panel_edges(browser, "in")] == ranked[:top]
+    assert browser.find_element(By.ID, "in-count").text == f"(top {top} of {len(ranked)} by |weight|)"
+    assert severe_errors(browser) == []
+    with pytest.raises(ValueError, match="max_edges must be at least 0, got -1"):
+        GraphPage(graph, setup["tokens"], max_edges=-1)

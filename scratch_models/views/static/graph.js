@@ -7,7 +7,7 @@
   const NS = svg.namespaceURI;  // the inline <svg>'s: new shapes join it without naming a URL here
   const tokens = data.tokens, nLayers = data.nLayers, P = tokens.length;
   const SLOT = 17, PER_LINE = 8, LINE = 16, ROW = 52, LEFT = 64, TOP = 12, MIN_COLUMN = 58;
-  const BOTTOM = 44, TOP_EDGES = 10;
+  const BOTTOM = 44, TOP_EDGES = data.topEdges;
 
   const nodes = data.nodes;
   const byIndex = new Map(nodes.map(n => [n.index, n]));
@@ -108,7 +108,8 @@
   });
 
   // ---- edges, weakest first so the strong ones lie on top ----
-  const largest = Math.max(1e-30, ...data.edges.map(e => Math.abs(e[2])));
+  // a fold, not Math.max(...list): a spread of a few hundred thousand edges overflows the stack
+  const largest = data.edges.reduce((most, e) => Math.max(most, Math.abs(e[2])), 1e-30);
   const edgeLayer = make("g", {id: "edges"}, svg);
   const edgeElements = new Map(nodes.map(n => [n.index, []]));
   const ordered = data.edges.slice().sort((a, b) => Math.abs(a[2]) - Math.abs(b[2]));
@@ -125,6 +126,11 @@
     edgeElements.get(target).push(path);
     paths.unshift(path);
   }
+  if (data.notice) {  // the page holds some of the pruned edges only
+    const notice = document.getElementById("notice");
+    notice.textContent = data.notice;
+    notice.hidden = false;
+  }
   const limitChoice = document.getElementById("edge-limit");
   function limitEdges() {
     const limit = limitChoice.value === "all" ? paths.length : Math.min(paths.length, +limitChoice.value);
@@ -138,7 +144,7 @@
   // ---- nodes ----
   const nodeLayer = make("g", {id: "nodes"}, svg);
   const features = nodes.filter(n => n.kind === "feature");
-  const mostInfluence = Math.max(1e-30, ...features.map(n => n.influence));
+  const mostInfluence = features.reduce((most, n) => Math.max(most, n.influence), 1e-30);
   const nodeElements = new Map();
   for (const n of nodes) {
     const [px, py] = place.get(n.index);
@@ -215,16 +221,17 @@
       tr.insertCell().textContent = name;
       tr.insertCell().textContent = value;
     }
-    edgeList("in", incoming.get(index));
-    edgeList("out", outgoing.get(index));
+    edgeList(n, "in", incoming.get(index));
+    edgeList(n, "out", outgoing.get(index));
     contexts(n);
   }
 
-  function edgeList(which, edges) {
+  function edgeList(n, which, edges) {
     const list = document.getElementById(which + "-edges");
     list.replaceChildren();
+    const count = n.degree[which === "in" ? 0 : 1];  // of all the pruned edges, held by the page or not
     document.getElementById(which + "-count").textContent =
-      edges.length > TOP_EDGES ? `(top ${TOP_EDGES} of ${edges.length} by |weight|)` : `(${edges.length})`;
+      count > TOP_EDGES ? `(top ${TOP_EDGES} of ${count} by |weight|)` : `(${count})`;
     if (!edges.length) {
       const li = document.createElement("li");
       li.className = "none";
