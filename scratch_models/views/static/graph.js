@@ -107,14 +107,21 @@
     make("text", {x: middle, y: height - BOTTOM + 34, "text-anchor": "middle", class: "position-label"}, grid, pos);
   });
 
-  // ---- edges, weakest first so the strong ones lie on top ----
+  // ---- edges: a path is made when first shown (a page may hold 100,000 edges; a browser draws a few thousand) ----
   // a fold, not Math.max(...list): a spread of a few hundred thousand edges overflows the stack
   const largest = data.edges.reduce((most, e) => Math.max(most, Math.abs(e[2])), 1e-30);
   const edgeLayer = make("g", {id: "edges"}, svg);
-  const edgeElements = new Map(nodes.map(n => [n.index, []]));
-  const ordered = data.edges.slice().sort((a, b) => Math.abs(a[2]) - Math.abs(b[2]));
-  const paths = [];  // strongest first: at rest only the first `limit` show (a chosen node shows all of its own)
-  for (const [target, source, weight] of ordered) {
+  const strongest = data.edges.map((e, i) => i).sort((a, b) => Math.abs(data.edges[b][2]) - Math.abs(data.edges[a][2]));
+  const rankOf = new Int32Array(data.edges.length);
+  strongest.forEach((i, rank) => { rankOf[i] = rank; });
+  const edgesOf = new Map(nodes.map(n => [n.index, []]));  // a node's edges, by their numbers in data.edges
+  data.edges.forEach(([target, source], i) => { edgesOf.get(source).push(i); edgesOf.get(target).push(i); });
+  const paths = new Map();
+  let limit = 0;
+
+  function edgePath(i) {
+    if (paths.has(i)) return paths.get(i);
+    const [target, source, weight] = data.edges[i];
     const [sx, sy] = place.get(source), [tx, ty] = place.get(target);
     const middle = (sy + ty) / 2, share = Math.abs(weight) / largest;
     const path = make("path", {
@@ -122,10 +129,10 @@
       class: "edge " + (weight >= 0 ? "pos" : "neg"), "stroke-width": (0.4 + 3.6 * share).toFixed(2),
       "stroke-opacity": (0.15 + 0.6 * share).toFixed(3), "data-source": source, "data-target": target,
       "data-weight": String(weight)}, edgeLayer);
-    edgeElements.get(source).push(path);
-    edgeElements.get(target).push(path);
-    paths.unshift(path);
+    paths.set(i, path);
+    return path;
   }
+
   if (data.notice) {  // the page holds some of the pruned edges only
     const notice = document.getElementById("notice");
     notice.textContent = data.notice;
@@ -133,10 +140,12 @@
   }
   const limitChoice = document.getElementById("edge-limit");
   function limitEdges() {
-    const limit = limitChoice.value === "all" ? paths.length : Math.min(paths.length, +limitChoice.value);
-    paths.forEach((path, rank) => path.classList.toggle("beyond", rank >= limit));
+    limit = limitChoice.value === "all" ? strongest.length : Math.min(strongest.length, +limitChoice.value);
+    // the weakest shown made first, so the strong ones lie on top
+    for (let rank = limit - 1; rank >= 0; rank--) edgePath(strongest[rank]).classList.remove("beyond");
+    for (const [i, path] of paths) if (rankOf[i] >= limit) path.classList.add("beyond");
     svg.dataset.drawn = limit;
-    document.getElementById("edge-count").textContent = `${limit} of ${paths.length} drawn`;
+    document.getElementById("edge-count").textContent = `${limit} of ${strongest.length} drawn`;
   }
   limitChoice.addEventListener("change", limitEdges);
   limitEdges();
@@ -183,7 +192,10 @@
 
   function clear() {
     if (focused !== null) {
-      for (const e of edgeElements.get(focused)) e.classList.remove("on");
+      for (const i of edgesOf.get(focused)) {
+        paths.get(i).classList.remove("on");
+        paths.get(i).classList.toggle("beyond", rankOf[i] >= limit);
+      }
       for (const g of nodeElements.values()) g.classList.remove("near", "sel");
     }
     focused = null;
@@ -196,7 +208,7 @@
     clear();
     focused = index;
     svg.classList.add("focus");
-    for (const e of edgeElements.get(index)) e.classList.add("on");
+    for (const i of edgesOf.get(index)) edgePath(i).classList.add("on");
     nodeElements.get(index).classList.add("sel");
     for (const [other] of [...incoming.get(index), ...outgoing.get(index)]) nodeElements.get(other).classList.add("near");
     const n = byIndex.get(index);
