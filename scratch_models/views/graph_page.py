@@ -132,13 +132,13 @@ def held(targets: torch.Tensor, sources: torch.Tensor, weights: torch.Tensor, co
     """[E] bool: the `count` edges of largest |weight|, and each node's TOP_EDGES largest as a target and as a
     source."""
     order = torch.argsort(weights.abs(), descending=True, stable=True)
-    keep = torch.zeros(len(weights), dtype=torch.bool)
+    keep = torch.zeros(len(weights), dtype=torch.bool, device=weights.device)
     keep[order[:count]] = True
     for ends in (targets, sources):
         by_node = order[torch.argsort(ends[order], stable=True)]  # grouped by node, strongest first in each
         group = ends[by_node]
         starts = torch.searchsorted(group, group)  # each edge's group's first place (group is sorted)
-        keep[by_node[torch.arange(len(group)) - starts < TOP_EDGES]] = True
+        keep[by_node[torch.arange(len(group), device=group.device) - starts < TOP_EDGES]] = True
     return keep
 
 
