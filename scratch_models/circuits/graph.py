@@ -200,6 +200,19 @@ def frontend_nodes(graph: Graph, pruned: Pruned) -> dict[int, dict]:
     return nodes
 
 
+def shown_subgraph(graph: Graph, pruned: Pruned) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a pruned graph shows, as circuit-tracer's frontend files do: (node mask, edge targets, edge sources).
+    The edges are those pruning kept between nodes it kept (row-major: by target, then source); the nodes those
+    with one of these edges, and every token and logit."""
+    kept = pruned.node_mask
+    targets, sources = (pruned.edge_mask & kept[:, None] & kept[None, :]).nonzero(as_tuple=True)
+    shown = torch.zeros_like(kept)
+    shown[targets] = True
+    shown[sources] = True
+    shown[-len(graph.logit_targets) - graph.n_pos:] = True
+    return shown & kept, targets, sources
+
+
 def _node(node_id, feature, layer, ctx_idx, feature_type, js_id, *, token_prob=0.0, is_target_logit=False,
           clerp="", influence=None, activation=None) -> dict:
     return {"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx_idx,
@@ -218,13 +231,11 @@ def frontend_json(graph: Graph, slug: str, *, scan=None, node_threshold: float =
                          "the frontend needs it to know which transcoders made the graph")
     pruned = prune_graph(graph, node_threshold, edge_threshold)
     nodes = frontend_nodes(graph, pruned)
-    targets, sources = pruned.edge_mask.nonzero(as_tuple=True)
+    shown, targets, sources = shown_subgraph(graph, pruned)
     weights = graph.adjacency_matrix[targets, sources].tolist()
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
-             for s, t, w in zip(sources.tolist(), targets.tolist(), weights) if s in nodes and t in nodes]
-    connected = {link["source"] for link in links} | {link["target"] for link in links}
-    used = [node for node in nodes.values()
-            if node["node_id"] in connected or node["feature_type"] in ("embedding", "logit")]
+             for s, t, w in zip(sources.tolist(), targets.tolist(), weights)]
+    used = [nodes[index] for index in shown.nonzero()[:, 0].tolist()]
     transcoder_list = []
     if isinstance(scan, list):
         transcoder_list, scan = scan, "custom-" + str(hash("-".join(scan)))

@@ -183,6 +183,33 @@ class Transcoders(nn.Module):
                 readers.append((name, lambda x: x))
         return readers
 
+    def dictionary(self, layer: int):
+        """Layer `layer`'s encoder as a dictionary (an SAE of ours) at the set's input hook, so that `features`
+        counts where each of its features fires and shows its contexts (`scratch-models features --transcoder-layer`,
+        which `scratch-models attribute --features` reads back). Its decoder is the transcoder's into its own layer's
+        output (a CLT's first slice): the direction the logit effects read. The activations are the transcoder's
+        where a JumpReLU threshold is at least 0, as published ones are (the SAE's JumpReLU also zeroes what is
+        negative)."""
+        from ..dictionaries import SAEConfig, build
+
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer {layer}: the transcoders have layers 0..{self.n_layers - 1}")
+        hook = self.cfg.feature_input_hook
+        hook_name = OWN_HOOKS[hook].format(layer=layer) if hook in OWN_HOOKS else f"blocks.{layer}.{hook}"
+        jumprelu = self.threshold is not None
+        sae = build(SAEConfig(architecture="jumprelu" if jumprelu else "standard", d_in=self.d_model,
+                              d_sae=self.d_transcoder, hook_name=hook_name, apply_b_dec_to_input=False,
+                              dtype=str(self.dtype).removeprefix("torch."),
+                              source=f"{self.cfg.source or 'transcoders'} (layer {layer})"))
+        with torch.no_grad():
+            sae.W_enc.copy_(self.W_enc[layer].T)
+            sae.b_enc.copy_(self.b_enc[layer])
+            sae.W_dec.copy_(self.decoder(layer, layer))
+            sae.b_dec.copy_(self.b_dec[layer])
+            if jumprelu:
+                sae.threshold.copy_(self.threshold[layer])
+        return sae.to(self.b_enc[0].device)
+
     def extra_repr(self) -> str:
         return (f"{self.cfg.kind}, {self.n_layers} layers, {self.d_transcoder} features, d_model {self.d_model}, "
                 f"{self.activation_function}{f' k={self.cfg.k}' if self.cfg.k is not None else ''}"

@@ -6,8 +6,9 @@ writes it.
 
 TRANSCODERS: a directory in circuit-tracer's layout (config.yaml + its files) or a hub id of one. The prompt gets a
 BOS-like token in front where its first token is not special, as circuit-tracer's ensure_tokenized does. OUT gets
-graph.pt, circuit-tracer's frontend files ({slug}.json, graph-metadata.json) and summary.json (the replacement and
-completeness scores, the logit targets, the counts), each written whole and moved into place together at the end;
+graph.pt, circuit-tracer's frontend files ({slug}.json, graph-metadata.json), graph.html (our offline page of the
+pruned graph: scratch_models.views.graph_page; a feature's top corpus contexts from `--features` runs) and
+summary.json (the replacement and completeness scores, the logit targets, the counts), each written whole and moved into place together at the end;
 a directory another command is writing into is refused (the command line takes OUT's lock, and makes OUT, before
 the model loads).
 """
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-SUMMARY, GRAPH = "summary.json", "graph.pt"
+SUMMARY, GRAPH, PAGE = "summary.json", "graph.pt", "graph.html"
 
 
 def add_parser(commands, model_help: str) -> None:
@@ -45,6 +46,10 @@ def add_parser(commands, model_help: str) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="attribution rows per backward pass")
     p.add_argument("--node-threshold", type=float, default=0.8, help="pruning: the share of influence nodes keep")
     p.add_argument("--edge-threshold", type=float, default=0.98, help="pruning: the share of influence edges keep")
+    p.add_argument("--features", action="append", default=[], metavar="DIR",
+                   help="a `scratch-models features` run of one layer's transcoder (reading its input hook), or a "
+                        "directory of such runs: graph.html shows its features' top corpus contexts and links their "
+                        "pages (repeatable)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -54,6 +59,7 @@ def run(args) -> int:
 
     from scratch_models.circuits import attribute, graph_scores, load_transcoders, write_frontend_files
     from scratch_models.circuits.attribution import decode
+    from scratch_models.views.graph_page import GraphPage
 
     from .common import at_least_one, check_writable_directory, open_model, require_device
 
@@ -78,8 +84,9 @@ def run(args) -> int:
     transcoders = load_transcoders(args.transcoders)
     model = opened.load(family.lm, device=args.device)
     transcoders.to(args.device)
-    transcoders.sites(model)  # a set for another model: refused before any work
+    inputs, _ = transcoders.sites(model)  # a set for another model: refused before any work
     out = Path(args.out).expanduser()  # made by its lock (cli.main)
+    contexts = _contexts(args.features, inputs, transcoders.d_transcoder, model, out)
     staging = out / f".attribute-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -95,6 +102,9 @@ def run(args) -> int:
         scan = graph.scan if graph.scan is not None else str(args.transcoders)
         write_frontend_files(graph, args.slug, staging, scan=scan, node_threshold=args.node_threshold,
                              edge_threshold=args.edge_threshold, decode=lambda t: decode(model, [t]))
+        GraphPage(graph, _shown_tokens(model)(graph.input_tokens.tolist()), node_threshold=args.node_threshold,
+                  edge_threshold=args.edge_threshold, contexts=contexts,
+                  title=f"attribution graph: {graph.input_string or args.slug}").save(staging / PAGE)
         replacement, completeness = graph_scores(graph)
         summary = {"model": opened.source, "transcoders": str(args.transcoders), "prompt": graph.input_string,
                    "input_ids": ids, "tokens": [decode(model, [t]) for t in ids],
@@ -120,7 +130,8 @@ def run(args) -> int:
     print(f"{len(ids)} tokens, {len(graph.active_features)} active features ({len(graph.selected_features)} in the "
           f"graph), {len(graph.logit_targets)} logit targets; replacement score {replacement:.4f}, completeness "
           f"score {completeness:.4f}; {seconds:.1f} s")
-    print(f"wrote {out / GRAPH}, {out / (args.slug + '.json')}, {out / 'graph-metadata.json'}, {out / SUMMARY}")
+    print(f"wrote {out / GRAPH}, {out / (args.slug + '.json')}, {out / 'graph-metadata.json'}, {out / PAGE}, "
+          f"{out / SUMMARY}")
     return 0
 
 
@@ -158,6 +169,33 @@ def _prompt_ids(opened, args) -> list[int]:
             return [special[role], *ids]
     raise ValueError(f"{opened.source}: neither its tokenizer nor its config names a special token to put before "
                      "the prompt (circuit-tracer gives position 0 no features); give --ids starting with one")
+
+
+def _shown_tokens(model):
+    """ids -> their texts for display (the tokenizer's shown_tokens), "[id]" each where the checkpoint has no
+    tokenizer (which its Tokenizer says only when used)."""
+    from scratch_models.registry.tokenizer import NoTokenizerJson
+
+    tokenizer = getattr(model, "tokenizer", None)
+
+    def shown(ids):
+        try:
+            if tokenizer is not None:
+                return tokenizer.shown_tokens(ids)
+        except NoTokenizerJson:
+            pass
+        return [f"[{i}]" for i in ids]
+
+    return shown
+
+
+def _contexts(directories, hooks, width, model, out):
+    """The features runs of --features, matched to the transcoders' layers (None where none is given)."""
+    if not directories:
+        return None
+    from scratch_models.views.graph_page import FeatureContexts
+
+    return FeatureContexts.read(directories, hooks, width, _shown_tokens(model), page_root=out)
 
 
 def _bar():

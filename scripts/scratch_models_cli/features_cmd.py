@@ -4,6 +4,10 @@
     scratch-models features gpt2 path/to/sae corpus.jsonl --out features/
     scratch-models features gpt2 jbloom/GPT2-Small-SAEs-Reformatted corpus.txt --sae-id blocks.8.hook_resid_pre --out f/
     torchrun --nproc_per_node 4 -m scratch_models features gpt2 path/to/sae corpus.jsonl --out features/
+    scratch-models features MODEL path/to/transcoders corpus.txt --transcoder-layer 3 --out features/layer3/
+
+A transcoder set in circuit-tracer's layout (--transcoder-layer N): layer N's encoder at its input hook, whose
+contexts `scratch-models attribute --features features/` shows on the graph's page.
 
 Run again, the same command resumes the pass; --overwrite starts again.
 """
@@ -32,6 +36,9 @@ def add_parser(commands, model_help: str) -> None:
     p.add_argument("--hook-name", help="where the dictionary reads, where its files do not say (Gemma Scope's)")
     p.add_argument("--norm-scaling-factor", type=float, help="the input scale of a dictionary with "
                                                               "normalize_activations expected_average_only_in")
+    p.add_argument("--transcoder-layer", type=int, metavar="N",
+                   help="DICTIONARY is a transcoder set in circuit-tracer's layout (as `attribute` reads): the "
+                        "features of layer N's transcoder, read at its input hook")
     p.add_argument("--top-k", type=int, default=20, help="examples kept per feature where it is largest")
     p.add_argument("--samples", type=int, default=20, help="firings sampled per feature, shown by quantile band")
     p.add_argument("--window", type=int, nargs=2, default=(12, 4), metavar=("BEFORE", "AFTER"),
@@ -77,8 +84,11 @@ def run(args) -> int:
     at_least_one("--threads", args.threads)
     require_device(args.device)
     try:
-        sae = SAE.from_pretrained(args.dictionary, args.sae_id, hook_name=args.hook_name,
-                                  norm_scaling_factor=args.norm_scaling_factor)
+        if args.transcoder_layer is not None:
+            sae = _transcoder_layer(args)
+        else:
+            sae = SAE.from_pretrained(args.dictionary, args.sae_id, hook_name=args.hook_name,
+                                      norm_scaling_factor=args.norm_scaling_factor)
     except DictionaryError as e:  # the library names its keyword arguments; here they are this command's options
         message = str(e)
         for keyword, option in LOADING_OPTIONS.items():
@@ -95,3 +105,15 @@ def run(args) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(summary.format())
     return 0
+
+
+def _transcoder_layer(args):
+    """Layer --transcoder-layer's transcoder of the set DICTIONARY, as a dictionary at its input hook."""
+    from scratch_models.circuits import load_transcoders
+
+    for option, value in (("--sae-id", args.sae_id), ("--hook-name", args.hook_name),
+                          ("--norm-scaling-factor", args.norm_scaling_factor)):
+        if value is not None:
+            raise ValueError(f"{option} is for a dictionary's files; a transcoder set's config.yaml says where it "
+                             "reads (give one or the other)")
+    return load_transcoders(args.dictionary).dictionary(args.transcoder_layer)

@@ -29,7 +29,8 @@ def test_writes_the_graph_frontend_files_and_summary(setup, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--out", str(out),
                  "--quiet", "--max-n-logits", "3"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["graph-metadata.json", "graph.json", "graph.pt", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["graph-metadata.json", "graph.html", "graph.json", "graph.pt",
+                                                     "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     graph = Graph.from_pt(out / "graph.pt")
     ids = summary["input_ids"]
@@ -43,12 +44,44 @@ def test_writes_the_graph_frontend_files_and_summary(setup, tmp_path, capsys):
     frontend = json.loads((out / "graph.json").read_text())
     assert frontend["metadata"]["scan"] == "tiny-test-scan" and frontend["links"]
     assert "replacement score" in capsys.readouterr().out
+    page = _page_data(out / "graph.html")  # the page shows what the frontend file holds, tokens by the tokenizer
+    assert len(page["nodes"]) == len(frontend["nodes"]) and len(page["edges"]) == len(frontend["links"])
+    assert page["tokens"] == model.tokenizer.shown_tokens(ids) and page["contexts"] is None
     # --ids, the same tokens: the same graph; a second slug joins the first in graph-metadata.json
     assert main(["attribute", str(root / "model"), str(root / "transcoders"), "--ids", ",".join(map(str, ids[1:])),
                  "--out", str(out), "--quiet", "--max-n-logits", "3", "--slug", "again"]) == 0
     assert torch.equal(Graph.from_pt(out / "graph.pt").adjacency_matrix, expected.adjacency_matrix)
     slugs = [g["slug"] for g in json.loads((out / "graph-metadata.json").read_text())["graphs"]]
     assert slugs == ["graph", "again"]
+
+
+def _page_data(path):
+    page = path.read_text(encoding="utf-8")
+    return json.loads(re.search(r'<script type="application/json" id="graph-data">(.*?)</script>', page, re.S)
+                      .group(1))
+
+
+def test_features_runs_give_the_page_its_contexts(setup, tmp_path, capsys):
+    root, model = setup
+    runs = tmp_path / "features"  # layer 1's transcoder's features over a corpus, by the command line
+    (tmp_path / "corpus.txt").write_text("Once upon a time there lived a cat.\n" * 4)
+    assert main(["features", str(root / "model"), str(root / "transcoders"), str(tmp_path / "corpus.txt"),
+                 "--transcoder-layer", "1", "--out", str(runs / "layer1"), "--quiet", "--top-k", "3", "--samples",
+                 "3", "--context", "12"]) == 0
+    out = tmp_path / "out"
+    args = ["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--quiet",
+            "--node-threshold", "0.95"]
+    assert main([*args, "--out", str(out), "--features", str(runs)]) == 0
+    page = _page_data(out / "graph.html")
+    shown = {f"{n['layer']}:{n['feature']}" for n in page["nodes"] if n["kind"] == "feature" and n["layer"] == 1}
+    assert shown and set(page["contexts"]) == shown
+    assert all((out / found["page"]).is_file() for found in page["contexts"].values())
+    # a directory that holds no features run: refused naming it, before the attribution, and nothing written
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "none"), "--features", str(root / "model")]) == 2
+    assert f"{root / 'model'}: holds no `scratch-models features` run" in capsys.readouterr().err
+    none = tmp_path / "none"
+    assert not none.exists() or not any(p.name != LOCK_FILE for p in none.iterdir())
 
 
 def _loaded(root):

@@ -146,3 +146,22 @@ def test_hub_id_offline_from_the_cache_and_named_when_absent(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.stdout.split() == ["10"], done.stderr
     assert "DictionaryError: org/other: not a local directory, and the hub could not give it" in done.stderr
+
+
+@pytest.mark.parametrize("family, kind", [("gemma2", "cross_layer_transcoder"), ("llama", "transcoder_set")])
+def test_a_layer_as_a_dictionary_encodes_as_the_transcoder_at_its_input_hook(family, kind):
+    """What `scratch-models features --transcoder-layer` counts: the layer's features, at the point the graph reads
+    them (the features run is matched to the graph's layer by that point)."""
+    from scratch_models.dictionaries import resolve_hook
+
+    model = tiny_model(family)
+    transcoders = random_transcoders(len(model.layers), model.config.hidden_size, 24, kind=kind, jumprelu=True,
+                                     hooks=HOOKS.get(family, DEFAULT_HOOKS))
+    x = torch.randn(5, model.config.hidden_size)
+    for layer in range(transcoders.n_layers):
+        sae = transcoders.dictionary(layer)
+        assert resolve_hook(model, sae.cfg.hook_name).name == transcoders.sites(model)[0][layer]
+        assert torch.equal(sae.encode(x), transcoders.encode(layer, x))
+        assert (sae.encode(x) > 0).any() and (sae.encode(x) == 0).any()
+    with pytest.raises(ValueError, match=r"layer 9: the transcoders have layers 0..1"):
+        transcoders.dictionary(9)
