@@ -111,7 +111,7 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file.
     `threads`: the CPU threads, as harvest's (forward passes and the encoder side by side, a torch thread each)."""
     from ..corpus.harvest import Interrupted, Threads, _agree, _barrier, _distributed
-    from ..corpus.plan import Options, Plan
+    from ..corpus.plan import Options, Plan, recorded_weights, weights_record
 
     unknown = set(options) - set(OPTION_NAMES)
     if unknown:
@@ -134,11 +134,13 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
                                   "detach it (model.detach()) or attach it with error_term=True")
         plan = Plan(model, data, [site.name], Options(**options))
         chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
-        settings = plan.settings() | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
+        # the weights' hash is taken from the manifest where their files are unchanged (weights_identity)
+        settings = plan.settings(recorded_weights(out / MANIFEST)) | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
                                       "hook": site.name, "top_k": top_k, "samples": samples,
                                       "window": list(window), "block_tokens": block_tokens} | plan.computation(
                                           False, chosen.torch)
-        _agree(rank, world, lambda: _prepare(out, settings, overwrite))
+        weights = weights_record(plan.model)
+        _agree(rank, world, lambda: _prepare(out, settings, weights, overwrite))
         done = _done_blocks(out)
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
@@ -162,7 +164,7 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
         _barrier(world)
         summary = dataset = None
         if rank == 0:
-            dataset, summary = _finish(out, plan, sae, site, settings, run, pages, start, world)
+            dataset, summary = _finish(out, plan, sae, site, settings, weights, run, pages, start, world)
         _barrier(world)
         if rank != 0:
             import datasets
@@ -212,7 +214,7 @@ def _sae_hash(sae: SAE) -> str:
 # ---- the pass -------------------------------------------------------------------------------------------------------
 
 
-def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
+def _prepare(out: Path, settings: dict, weights: dict | None, overwrite: bool) -> None:
     """A new or empty `out`, or one holding a features run of these settings (to resume). Whatever a kill at any
     moment leaves is taken by the same command: the manifest is written before parts/ is made, a manifest's
     temporary file (a kill before its rename) and a part file's are removed, and a run that counted nothing yet (a
@@ -245,7 +247,8 @@ def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
             listed = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
             raise DictionaryError(f"{out}: not empty ({listed}) and holds no {MANIFEST}: write features into a new or "
                                   "empty directory")
-    _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings})
+    _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings,
+                                 "weights": weights})
     (out / "parts").mkdir(exist_ok=True)
 
 
@@ -403,7 +406,8 @@ def _places(runner, batch, rows: dict, starts: dict) -> BatchPlaces:
 # ---- the outputs ----------------------------------------------------------------------------------------------------
 
 
-def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: bool, start: float, world: int):
+def _finish(out: Path, plan, sae: SAE, site, settings: dict, weights: dict | None, run: _Pass, pages: bool,
+            start: float, world: int):
     clock = time.perf_counter()
     parts = _part_files(out)
     stats = None
@@ -435,7 +439,7 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: 
                              logit_effects=reason,
                              threads=f"{run.threads} (the model and the encoder), counting in the main one")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
-                                 "tokens": stats.tokens, "blocks": len(counted), "features": sae.cfg.d_sae,
+                                 "weights": weights, "tokens": stats.tokens, "blocks": len(counted), "features": sae.cfg.d_sae,
                                  "alive": summary.alive, "quantiles": list(QUANTILES), "logit_effects": reason,
                                  "world_size": world, "timings": summary.timings, "versions": _versions()})
     return dataset, summary

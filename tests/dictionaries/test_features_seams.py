@@ -14,6 +14,7 @@ import time
 import pytest
 
 from dictionary_data import random_sae
+from helpers import rewrite_same_size
 from locking import held_elsewhere
 from scratch_models.dictionaries import DictionaryError
 from scratch_models.dictionaries.features import run_features
@@ -182,3 +183,28 @@ def test_a_run_with_nothing_left_to_count_reports_no_pass_it_did_not_make(lm, sa
     setup, passed = summary.timings["setting up (model, dictionary, plan)"], summary.timings["pass"]
     assert passed <= setup and passed <= 0.5 * summary.seconds, summary.format()
     assert "0 tokens this run" in summary.format()
+
+
+def test_a_rerun_trusts_the_recorded_weights_hash_only_while_the_files_are_unchanged(tiny_gpt2, sae, tmp_path,
+                                                                                      monkeypatch):
+    """As harvest: a rerun from unchanged checkpoint files takes the weights' hash from features.json instead of
+    reading every tensor again; a weight file rewritten to the same size with its modification time set back is
+    still refused, naming the weights' hash."""
+    plan = importlib.import_module("scratch_models.corpus.plan")
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_gpt2[0], checkpoint)
+    out = tmp_path / "out"
+    run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
+    manifest = json.loads((out / "features.json").read_text())
+    assert manifest["weights"]["sha256"] == manifest["settings"]["weights_sha256"]
+
+    def no_hashing(state):
+        raise AssertionError("the weights were hashed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plan, "_digest", no_hashing)
+        _, summary = run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
+    assert summary.tokens_this_run == 0
+    rewrite_same_size(checkpoint / "model.safetensors")
+    with pytest.raises(DictionaryError, match=r"other settings \(weights_sha256: "):
+        run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
