@@ -135,10 +135,10 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
         plan = Plan(model, data, [site.name], Options(**options))
         chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
         # the weights' hash is taken from the manifest where their files are unchanged (weights_identity)
-        settings = plan.settings(recorded_weights(out / MANIFEST)) | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
-                                      "hook": site.name, "top_k": top_k, "samples": samples,
-                                      "window": list(window), "block_tokens": block_tokens} | plan.computation(
-                                          False, chosen.torch)
+        settings = (plan.settings(recorded_weights(out / MANIFEST))
+                    | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae), "hook": site.name,
+                       "top_k": top_k, "samples": samples, "window": list(window), "block_tokens": block_tokens}
+                    | plan.computation(False, chosen.torch))
         weights = weights_record(plan.model)
         _agree(rank, world, lambda: _prepare(out, settings, weights, overwrite))
         done = _done_blocks(out)
@@ -439,7 +439,8 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, weights: dict | Non
                              logit_effects=reason,
                              threads=f"{run.threads} (the model and the encoder), counting in the main one")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
-                                 "weights": weights, "tokens": stats.tokens, "blocks": len(counted), "features": sae.cfg.d_sae,
+                                 "weights": weights, "tokens": stats.tokens, "blocks": len(counted),
+                                 "features": sae.cfg.d_sae,
                                  "alive": summary.alive, "quantiles": list(QUANTILES), "logit_effects": reason,
                                  "world_size": world, "timings": summary.timings, "versions": _versions()})
     return dataset, summary
