@@ -141,6 +141,9 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
                     | plan.computation(False, chosen.torch))
         weights = weights_record(plan.model)
         _agree(rank, world, lambda: _prepare(out, settings, weights, overwrite))
+        finished = _finished(out, pages) if world == 1 else None
+        if finished is not None:  # nothing to count, and the dataset and pages are there: nothing to write again
+            return finished, _finished_summary(out, site, start)
         done = _done_blocks(out)
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
@@ -171,6 +174,37 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
 
             dataset = datasets.load_from_disk(str(out / "dataset"))
     return dataset, summary
+
+
+def _finished(out: Path, pages: bool) -> "datasets.Dataset | None":  # noqa: F821
+    """The dataset of a complete run in `out` (whose settings _prepare has found equal) when what it wrote is all
+    there (the dataset, and the pages where asked for): a rerun then counts, merges and writes nothing again (the
+    logit effects alone were a [vocabulary, d_in] @ [d_in, d_sae] product). None otherwise."""
+    manifest = _read_json(out / MANIFEST)
+    written = (out / "dataset" / "state.json").is_file() and (
+        not pages or manifest.get("pages") is True and (out / "index.html").is_file())
+    # the part files as the run left them (a part deleted or cut short since is counted again or named, as before)
+    if manifest.get("status") != "complete" or manifest.get("parts") != _parts_identity(out) or not written:
+        return None  # (a manifest of an earlier version, without parts, l0 and pages, is finished again as before)
+    import datasets
+
+    return datasets.load_from_disk(str(out / "dataset"))
+
+
+def _parts_identity(out: Path) -> list[list]:
+    """[name, size, modification time in ns] of each part file."""
+    return [[part.name, part.stat().st_size, part.stat().st_mtime_ns] for part in _part_files(out)]
+
+
+def _finished_summary(out: Path, site, start: float) -> "FeatureSummary":
+    manifest = _read_json(out / MANIFEST)
+    seconds = time.perf_counter() - start
+    return FeatureSummary(out=str(out), hook=site.given, features=manifest["features"], alive=manifest["alive"],
+                          tokens=manifest["tokens"], tokens_this_run=0, l0=manifest["l0"],
+                          resumed_blocks=manifest["blocks"], seconds=seconds,
+                          timings={"setting up (model, dictionary, plan)": round(seconds, 3)},
+                          logit_effects=manifest["logit_effects"],
+                          threads="none (the run was complete: nothing counted or written again)")
 
 
 def _check_counts(top_k, samples, window, block_tokens) -> None:
@@ -440,7 +474,8 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, weights: dict | Non
                              threads=f"{run.threads} (the model and the encoder), counting in the main one")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
                                  "weights": weights, "tokens": stats.tokens, "blocks": len(counted),
-                                 "features": sae.cfg.d_sae,
+                                 "features": sae.cfg.d_sae, "l0": summary.l0, "pages": pages,
+                                 "parts": _parts_identity(out),
                                  "alive": summary.alive, "quantiles": list(QUANTILES), "logit_effects": reason,
                                  "world_size": world, "timings": summary.timings, "versions": _versions()})
     return dataset, summary

@@ -180,7 +180,7 @@ def test_a_run_with_nothing_left_to_count_reports_no_pass_it_did_not_make(lm, sa
     shutil.copytree(reference, out)
     _, summary = run_features(lm, sae, CORPUS, out, **SETTINGS)
     assert summary.tokens_this_run == 0
-    setup, passed = summary.timings["setting up (model, dictionary, plan)"], summary.timings["pass"]
+    setup, passed = summary.timings["setting up (model, dictionary, plan)"], summary.timings.get("pass", 0.0)
     assert passed <= setup and passed <= 0.5 * summary.seconds, summary.format()
     assert "0 tokens this run" in summary.format()
 
@@ -208,3 +208,32 @@ def test_a_rerun_trusts_the_recorded_weights_hash_only_while_the_files_are_uncha
     rewrite_same_size(checkpoint / "model.safetensors")
     with pytest.raises(DictionaryError, match=r"other settings \(weights_sha256: "):
         run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
+
+
+def test_a_rerun_of_a_complete_run_writes_nothing_again_unless_something_is_missing(lm, sae, reference, tmp_path,
+                                                                                    monkeypatch):
+    """A complete run whose dataset (and pages, where asked for) are there: the same command merges, computes the
+    logit effects and writes nothing again (before, every rerun rewrote the dataset and pages and multiplied the
+    unembedding by the decoder), and reports what features.json says. Pages asked for where the run wrote none, or
+    a dataset deleted, are written as before."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+    def no_effects(*args, **kwargs):
+        raise AssertionError("the logit effects were computed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(features_module, "logit_effects", no_effects)
+        dataset, summary = run_features(lm, sae, CORPUS, out, **SETTINGS)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE} == {
+        p: t for p, t in before.items() if p.name != LOCK_FILE}
+    manifest = json.loads((out / "features.json").read_text())
+    assert (summary.tokens, summary.alive, summary.tokens_this_run) == (manifest["tokens"], manifest["alive"], 0)
+    assert summary.l0 == manifest["l0"] and len(dataset) == manifest["features"]
+    same_features(out, reference)
+    run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))  # none were written: now they are
+    assert (out / "index.html").is_file()
+    shutil.rmtree(out / "dataset")
+    run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))
+    same_features(out, reference)
