@@ -29,7 +29,8 @@ from weight_mapping import DirectoryLock
 
 from .plan import WINDOW_ROWS, Options, Plan, load_model, peek, recorded_weights, weights_record
 from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, ShardWriter, check_out, check_space,
-                      done_blocks, features, finish, human_bytes, kept_parts, row_bytes, to_numpy, write_json_atomic)
+                      done_blocks, features, finish, human_bytes, kept_parts, read_record, row_bytes, to_numpy,
+                      write_json_atomic)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20
 
@@ -155,8 +156,12 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         per_row = row_bytes(layouts, plan.options.dtype)
         rows_per_block = max(1, shard_bytes // per_row)
         done, kept = done_blocks(out), kept_parts(out)
-        first, blocks = peek(plan.blocks(rows_per_block))
-        estimate = _estimate(plan, first, per_row)
+        finished = _finished(out, plan, done, kept) if world == 1 else None
+        if finished is None:
+            first, blocks = peek(plan.blocks(rows_per_block))
+            estimate = _estimate(plan, first, per_row)
+        else:  # every shard is there: the corpus is not read and tokenized again only to count its blocks
+            blocks, estimate = iter(()), None
         if space_check and estimate is not None and rank == 0:
             written = sum(counts["bytes"] for counts in done.values()) + sum(k["bytes"] for k in kept.values())
             check_space(out, max(0, estimate["bytes"] - written), estimate["basis"])
@@ -166,13 +171,14 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         setup = time.perf_counter() - start
         try:
             with plan.runner.listening():
-                total = state.run(blocks)
+                counted = state.run(blocks)
         except BaseException as e:
             state.stop()
             if isinstance(e, KeyboardInterrupt):
                 raise Interrupted(_interrupted(out, estimate, rows_per_block * per_row)) from None
             raise
         state.close_bar()
+        total = counted if finished is None else finished
         tokens = _all_ranks(state.tokens, world)
         _barrier(world)  # every shard is on disk
         summary = _summary(plan, out, state, total, tokens, time.perf_counter() - start, setup)
@@ -192,6 +198,17 @@ def _prepare(out: Path, settings: dict, weights: dict | None, overwrite: bool) -
     if manifest is None:
         write_json_atomic(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running",
                                            "settings": settings, "weights": weights})
+
+
+def _finished(out: Path, plan: Plan, done: dict, kept: dict) -> int | None:
+    """The number of shards of a complete harvest in `out` (whose settings _prepare found equal) when every one of
+    them is there, done; None otherwise (a shard deleted since is written again, as before)."""
+    manifest = read_record(out / MANIFEST, "pass --overwrite (overwrite=True) to start again")
+    shards = manifest.get("shards")
+    if manifest.get("status") != "complete" or not isinstance(shards, int) or kept or set(done) != set(range(shards)):
+        return None
+    plan.counts["empty"] = manifest.get("empty_documents", 0)  # what reading the corpus found, for the summary
+    return shards
 
 
 def _interrupted(out: Path, estimate: dict | None, shard_bytes: int) -> str:

@@ -21,8 +21,9 @@ from .known import refuse_unbuilt
 
 
 class _SkipInit(TorchFunctionMode):
-    """torch.nn.init's initialisers as no-ops while a model is built for loading: its tensors are about to be
-    replaced, and on the meta device torch's first `normal_` would import its decomposition library (~1.7 s).
+    """torch.nn.init's initialisers as no-ops while a model is built for its shapes or for loading: its tensors are
+    never read or about to be replaced, and on the meta device torch's first `normal_` would import its
+    decomposition library (~1.5 s).
 
     A torch function mode, not a patch of nn.init: it holds for this thread only, so a module built elsewhere in
     the meantime is initialised as usual."""

@@ -259,3 +259,32 @@ def test_choosing_the_class_to_load_runs_no_initialiser(tiny_gpt2, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "uniform_", no_init)
     model = load_model(str(tiny_gpt2[0]), ["layers.1.out", "logits"])
     assert type(model).__name__ == "GPT2LMHeadModel"
+
+
+def test_a_rerun_of_a_complete_harvest_does_not_read_the_corpus_again(tmp_path, tiny_gpt2_model, monkeypatch):
+    """Every shard of a complete harvest there: the same call neither reads nor tokenizes the corpus again (before,
+    it read it all only to count its blocks) and reports and records what it did before; a shard deleted since is
+    written again, as before."""
+    plan = importlib.import_module("scratch_models.corpus.plan")
+    out, reference = tmp_path / "out", tmp_path / "reference"
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 2 + [""], **ARGUMENTS, threads=1)
+    _, first = run_harvest(**arguments, out=out)
+    assert first.shards >= 3 and first.empty_documents == 1
+    shutil.copytree(out, reference)
+    manifest = json.loads((out / "harvest.json").read_text())
+
+    def no_reading(self, rows_per_block):
+        raise AssertionError("the corpus was read again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plan.Plan, "blocks", no_reading)
+        _, again = run_harvest(**arguments, out=out)
+    assert (again.shards, again.resumed_shards, again.tokens, again.rows, again.empty_documents) == (
+        first.shards, first.shards, 0, first.rows, 1)
+    assert json.loads((out / "harvest.json").read_text()) == manifest
+    same_rows(out, reference)
+    (out / "data-00001.arrow").unlink()
+    (out / "data-00001.json").unlink()
+    _, redone = run_harvest(**arguments, out=out)
+    assert redone.resumed_shards == first.shards - 1 and redone.tokens > 0
+    same_rows(out, reference)
