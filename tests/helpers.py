@@ -451,3 +451,17 @@ def byte_level_bpe(texts: list[str], vocab_size: int):
     tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return tokenizer
+
+
+def rewrite_same_size(path: Path) -> None:
+    """Change the last byte of `path` (in a safetensors file: the last tensor's data) in place and set its
+    modification time back: the same size, the same mtime, other bytes (what a cheap identity must still catch)."""
+    before = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0x01]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)

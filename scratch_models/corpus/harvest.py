@@ -27,9 +27,10 @@ import torch
 
 from weight_mapping import DirectoryLock
 
-from .plan import WINDOW_ROWS, Options, Plan, load_model, peek
+from .plan import WINDOW_ROWS, Options, Plan, load_model, peek, recorded_weights, weights_record
 from .storage import (FORMAT, MANIFEST, STORAGE_DTYPES, HarvestError, ShardWriter, check_out, check_space,
-                      done_blocks, features, finish, human_bytes, kept_parts, row_bytes, to_numpy, write_json_atomic)
+                      done_blocks, features, finish, human_bytes, kept_parts, read_record, row_bytes, to_numpy,
+                      write_json_atomic)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20
 
@@ -144,16 +145,23 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         plan = _plan(model, data, names, options, compile, device, model_dtype)
         chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile))
         # where a shard ends depends on its size: a resume with another size would skip or repeat rows
-        settings = plan.settings() | {"shard_bytes": shard_bytes} | plan.computation(compile, chosen.torch)
-        _agree(rank, world, lambda: _prepare(out, settings, overwrite))
+        # the weights' hash is taken from the manifest where their files are unchanged (weights_identity)
+        settings = (plan.settings(recorded_weights(out / MANIFEST)) | {"shard_bytes": shard_bytes}
+                    | plan.computation(compile, chosen.torch))
+        weights = weights_record(plan.model)
+        _agree(rank, world, lambda: _prepare(out, settings, weights, overwrite))
         layouts = plan.layouts
         saelens_context = plan.options.context if plan.options.layout == "saelens" else None
         shard_features = features(layouts, plan.options.dtype, saelens_context)
         per_row = row_bytes(layouts, plan.options.dtype)
         rows_per_block = max(1, shard_bytes // per_row)
         done, kept = done_blocks(out), kept_parts(out)
-        first, blocks = peek(plan.blocks(rows_per_block))
-        estimate = _estimate(plan, first, per_row)
+        finished = _finished(out, plan, done, kept) if world == 1 else None
+        if finished is None:
+            first, blocks = peek(plan.blocks(rows_per_block))
+            estimate = _estimate(plan, first, per_row)
+        else:  # every shard is there: the corpus is not read and tokenized again only to count its blocks
+            blocks, estimate = iter(()), None
         if space_check and estimate is not None and rank == 0:
             written = sum(counts["bytes"] for counts in done.values()) + sum(k["bytes"] for k in kept.values())
             check_space(out, max(0, estimate["bytes"] - written), estimate["basis"])
@@ -163,19 +171,20 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
         setup = time.perf_counter() - start
         try:
             with plan.runner.listening():
-                total = state.run(blocks)
+                counted = state.run(blocks)
         except BaseException as e:
             state.stop()
             if isinstance(e, KeyboardInterrupt):
                 raise Interrupted(_interrupted(out, estimate, rows_per_block * per_row)) from None
             raise
         state.close_bar()
+        total = counted if finished is None else finished
         tokens = _all_ranks(state.tokens, world)
         _barrier(world)  # every shard is on disk
         summary = _summary(plan, out, state, total, tokens, time.perf_counter() - start, setup)
         if rank == 0:
             dataset = finish(out, total, shard_features)
-            write_json_atomic(out / MANIFEST, _manifest(settings, summary, plan, world))
+            write_json_atomic(out / MANIFEST, _manifest(settings, weights, summary, plan, world))
         _barrier(world)  # the manifest is written
         if rank != 0:
             import datasets
@@ -184,11 +193,22 @@ def run_harvest(model, data, names, out, *, overwrite=False, compile=False, devi
     return dataset, summary
 
 
-def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
+def _prepare(out: Path, settings: dict, weights: dict | None, overwrite: bool) -> None:
     manifest = check_out(out, settings, overwrite)
     if manifest is None:
         write_json_atomic(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running",
-                                           "settings": settings})
+                                           "settings": settings, "weights": weights})
+
+
+def _finished(out: Path, plan: Plan, done: dict, kept: dict) -> int | None:
+    """The number of shards of a complete harvest in `out` (whose settings _prepare found equal) when every one of
+    them is there, done; None otherwise (a shard deleted since is written again, as before)."""
+    manifest = read_record(out / MANIFEST, "pass --overwrite (overwrite=True) to start again")
+    shards = manifest.get("shards")
+    if manifest.get("status") != "complete" or not isinstance(shards, int) or kept or set(done) != set(range(shards)):
+        return None
+    plan.counts["empty"] = manifest.get("empty_documents", 0)  # what reading the corpus found, for the summary
+    return shards
 
 
 def _interrupted(out: Path, estimate: dict | None, shard_bytes: int) -> str:
@@ -420,7 +440,7 @@ def _summary(plan: Plan, out: Path, state: _Run, blocks: int, tokens: int, secon
                    threads=f"{state.threads}, the tokenizer and the writer one each")
 
 
-def _manifest(settings: dict, summary: Summary, plan: Plan, world: int) -> dict:
+def _manifest(settings: dict, weights: dict | None, summary: Summary, plan: Plan, world: int) -> dict:
     from importlib import metadata
 
     def version(package):
@@ -430,7 +450,7 @@ def _manifest(settings: dict, summary: Summary, plan: Plan, world: int) -> dict:
             return None
 
     done = done_blocks(Path(summary.out))
-    return {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
+    return {"format": FORMAT, "version": 1, "status": "complete", "settings": settings, "weights": weights,
             "shards": summary.shards, "rows": summary.rows,
             "tokens": sum(c["tokens"] for c in done.values()), "sequences": sum(c["sequences"] for c in done.values()),
             "bytes": summary.bytes, "empty_documents": summary.empty_documents,

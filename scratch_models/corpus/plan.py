@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 
 from ..registry.families import family_of
+from ..registry.family import shapes_only
 from . import batching
 from .activations import POSITIONS, Layout, Runner, layouts, resolve_names
 from .reading import Corpus
@@ -56,7 +57,7 @@ def load_model(source, patterns, *, device=None, dtype=None):
     first_error = None
     for cls in family.classes:
         try:
-            with torch.device("meta"):
+            with shapes_only():
                 resolve_names(cls(config), patterns)
         except ValueError as e:  # a head this config cannot build, or a name it has not
             first_error = first_error or e
@@ -69,21 +70,78 @@ def load_model(source, patterns, *, device=None, dtype=None):
     raise first_error
 
 
-def weights_hash(model) -> str:
+def weights_hash(model, recorded: dict | None = None) -> str:
     """sha256 over the model's tensors (names, dtypes, shapes and bytes): the same weights in the same dtype.
-    Remembered per model while no tensor of it is modified in place (torch counts each tensor's versions)."""
+    Remembered per model while no tensor of it is modified in place (torch counts each tensor's versions).
+    `recorded`: a `weights_record` an earlier run wrote; its hash is taken without reading a tensor when the model
+    was loaded by from_pretrained from files that still have the recorded identity (see `weights_identity`)."""
     state = model.state_dict()
     versions = tuple((name, tensor.data_ptr(), tensor._version) for name, tensor in state.items())
+    if recorded is not None and isinstance(recorded.get("sha256"), str):
+        identity = weights_identity(model)
+        if identity is not None and identity == recorded.get("identity"):
+            _HASHES[model] = (versions, recorded["sha256"])
+            return recorded["sha256"]
     known = _HASHES.get(model)
     if known is not None and known[0] == versions:
         return known[1]
+    _HASHES[model] = (versions, _digest(state))
+    return _HASHES[model][1]
+
+
+def _digest(state: dict) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes: reads all of them."""
     digest = hashlib.sha256()
     for name, tensor in state.items():
         tensor = tensor.detach().contiguous().cpu()
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
         digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    _HASHES[model] = (versions, digest.hexdigest())
     return digest.hexdigest()
+
+
+def weights_identity(model) -> dict | None:
+    """A cheap identity of the model's weights, for a rerun to trust the hash an earlier run recorded instead of
+    reading every tensor again: the checkpoint's files (config.json and the weight files: path, size, modification
+    and change times in ns, inode) as from_pretrained found them, and the class, tensor names, dtypes and shapes it
+    built from them. None (hash the tensors) unless the model came from from_pretrained, no tensor was replaced or
+    changed in place since, and the files are as they were when it read them.
+
+    What it trusts: that a file whose size, times and inode are unchanged holds the same bytes. A rewrite changes its
+    modification and change times (the change time cannot be set back, so even a copy that restores the old
+    modification time is caught); it would miss only a rewrite to the same size within one tick of the file
+    system's clock (a few ms on Linux, up to 2 s on FAT), or a file system that keeps no times."""
+    from ..registry.pretrained import files_identity, tensor_versions
+
+    loaded = getattr(model, "weights_loaded", None)
+    if loaded is None:
+        return None
+    files, versions = loaded
+    try:
+        if tensor_versions(model) != versions or files_identity(path for path, *_ in files) != files:
+            return None
+    except OSError:  # a file gone
+        return None
+    tensors = hashlib.sha256("".join(f"{name}:{t.dtype}:{tuple(t.shape)};"
+                                     for name, t in model.state_dict().items()).encode()).hexdigest()
+    return {"files": files, "class": type(model).__name__, "tensors": tensors}
+
+
+def weights_record(model) -> dict | None:
+    """What a run writes beside its settings so that a rerun can trust its hash (`weights_hash`'s `recorded`); None
+    where the model has no cheap identity."""
+    identity = weights_identity(model)
+    return None if identity is None else {"identity": identity, "sha256": weights_hash(model)}
+
+
+def recorded_weights(manifest: Path) -> dict | None:
+    """The `weights_record` a manifest holds, or None (none, or a manifest the run's own checks will name)."""
+    import json
+
+    try:
+        record = json.loads(manifest.read_text()).get("weights")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 _HASHES = weakref.WeakKeyDictionary()  # model -> (its tensors' versions, their hash)
@@ -202,14 +260,15 @@ class Plan:
                              f"0..{self.model.config.vocab_size - 1}")
         return value
 
-    def settings(self) -> dict:
-        """What identifies the harvest: resuming with anything else is refused."""
+    def settings(self, recorded_weights: dict | None = None) -> dict:
+        """What identifies the harvest: resuming with anything else is refused. `recorded_weights`: the manifest's
+        `weights_record`, whose hash is taken when the weights' files are unchanged (weights_hash)."""
         o = self.options
         source = getattr(self.tokenizer, "source", None)
         if source is not None and Path(source).expanduser().exists():  # a path given relative or absolute alike
             source = Path(source).expanduser().resolve()
         return {"model": source and str(source),
-                "model_class": type(self.model).__name__, "weights_sha256": weights_hash(self.model),
+                "model_class": type(self.model).__name__, "weights_sha256": weights_hash(self.model, recorded_weights),
                 "names": self.names, "dtype": o.dtype, "data": self.corpus.fingerprint(), "batching": o.batching,
                 "context": o.context, "positions": o.positions, "drop_special": o.drop_special,
                 "prepend_bos": o.prepend_bos, "layout": o.layout, "batch_size": o.batch_size}

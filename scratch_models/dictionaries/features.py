@@ -111,7 +111,7 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
     unit of resuming (part of the settings); `save_seconds`: how often each process saves its part file.
     `threads`: the CPU threads, as harvest's (forward passes and the encoder side by side, a torch thread each)."""
     from ..corpus.harvest import Interrupted, Threads, _agree, _barrier, _distributed
-    from ..corpus.plan import Options, Plan
+    from ..corpus.plan import Options, Plan, recorded_weights, weights_record
 
     unknown = set(options) - set(OPTION_NAMES)
     if unknown:
@@ -134,11 +134,16 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
                                   "detach it (model.detach()) or attach it with error_term=True")
         plan = Plan(model, data, [site.name], Options(**options))
         chosen = held.enter_context(Threads.chosen(threads, plan.runner.device, compile=False))
-        settings = plan.settings() | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae),
-                                      "hook": site.name, "top_k": top_k, "samples": samples,
-                                      "window": list(window), "block_tokens": block_tokens} | plan.computation(
-                                          False, chosen.torch)
-        _agree(rank, world, lambda: _prepare(out, settings, overwrite))
+        # the weights' hash is taken from the manifest where their files are unchanged (weights_identity)
+        settings = (plan.settings(recorded_weights(out / MANIFEST))
+                    | {"dictionary": sae.cfg.source, "dictionary_sha256": _sae_hash(sae), "hook": site.name,
+                       "top_k": top_k, "samples": samples, "window": list(window), "block_tokens": block_tokens}
+                    | plan.computation(False, chosen.torch))
+        weights = weights_record(plan.model)
+        _agree(rank, world, lambda: _prepare(out, settings, weights, overwrite))
+        finished = _finished(out, pages) if world == 1 else None
+        if finished is not None:  # nothing to count, and the dataset and pages are there: nothing to write again
+            return finished, _finished_summary(out, site, start)
         done = _done_blocks(out)
         run = _Pass(plan, sae, site, out, rank, world, done, FeatureStats(
             sae.cfg.d_sae, top_k=top_k, samples=samples, before=window[0], after=window[1]), progress, chosen)
@@ -162,13 +167,44 @@ def run_features(model, dictionary, data, out, *, overwrite: bool = False, devic
         _barrier(world)
         summary = dataset = None
         if rank == 0:
-            dataset, summary = _finish(out, plan, sae, site, settings, run, pages, start, world)
+            dataset, summary = _finish(out, plan, sae, site, settings, weights, run, pages, start, world)
         _barrier(world)
         if rank != 0:
             import datasets
 
             dataset = datasets.load_from_disk(str(out / "dataset"))
     return dataset, summary
+
+
+def _finished(out: Path, pages: bool) -> "datasets.Dataset | None":  # noqa: F821
+    """The dataset of a complete run in `out` (whose settings _prepare has found equal) when what it wrote is all
+    there (the dataset, and the pages where asked for): a rerun then counts, merges and writes nothing again (the
+    logit effects alone were a [vocabulary, d_in] @ [d_in, d_sae] product). None otherwise."""
+    manifest = _read_json(out / MANIFEST)
+    written = (out / "dataset" / "state.json").is_file() and (
+        not pages or manifest.get("pages") is True and (out / "index.html").is_file())
+    # the part files as the run left them (a part deleted or cut short since is counted again or named, as before)
+    if manifest.get("status") != "complete" or manifest.get("parts") != _parts_identity(out) or not written:
+        return None  # (a manifest of an earlier version, without parts, l0 and pages, is finished again as before)
+    import datasets
+
+    return datasets.load_from_disk(str(out / "dataset"))
+
+
+def _parts_identity(out: Path) -> list[list]:
+    """[name, size, modification time in ns] of each part file."""
+    return [[part.name, part.stat().st_size, part.stat().st_mtime_ns] for part in _part_files(out)]
+
+
+def _finished_summary(out: Path, site, start: float) -> "FeatureSummary":
+    manifest = _read_json(out / MANIFEST)
+    seconds = time.perf_counter() - start
+    return FeatureSummary(out=str(out), hook=site.given, features=manifest["features"], alive=manifest["alive"],
+                          tokens=manifest["tokens"], tokens_this_run=0, l0=manifest["l0"],
+                          resumed_blocks=manifest["blocks"], seconds=seconds,
+                          timings={"setting up (model, dictionary, plan)": round(seconds, 3)},
+                          logit_effects=manifest["logit_effects"],
+                          threads="none (the run was complete: nothing counted or written again)")
 
 
 def _check_counts(top_k, samples, window, block_tokens) -> None:
@@ -212,7 +248,7 @@ def _sae_hash(sae: SAE) -> str:
 # ---- the pass -------------------------------------------------------------------------------------------------------
 
 
-def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
+def _prepare(out: Path, settings: dict, weights: dict | None, overwrite: bool) -> None:
     """A new or empty `out`, or one holding a features run of these settings (to resume). Whatever a kill at any
     moment leaves is taken by the same command: the manifest is written before parts/ is made, a manifest's
     temporary file (a kill before its rename) and a part file's are removed, and a run that counted nothing yet (a
@@ -245,7 +281,8 @@ def _prepare(out: Path, settings: dict, overwrite: bool) -> None:
             listed = ", ".join(strangers[:5]) + (", ..." if len(strangers) > 5 else "")
             raise DictionaryError(f"{out}: not empty ({listed}) and holds no {MANIFEST}: write features into a new or "
                                   "empty directory")
-    _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings})
+    _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings,
+                                 "weights": weights})
     (out / "parts").mkdir(exist_ok=True)
 
 
@@ -403,7 +440,8 @@ def _places(runner, batch, rows: dict, starts: dict) -> BatchPlaces:
 # ---- the outputs ----------------------------------------------------------------------------------------------------
 
 
-def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: bool, start: float, world: int):
+def _finish(out: Path, plan, sae: SAE, site, settings: dict, weights: dict | None, run: _Pass, pages: bool,
+            start: float, world: int):
     clock = time.perf_counter()
     parts = _part_files(out)
     stats = None
@@ -435,7 +473,9 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, run: _Pass, pages: 
                              logit_effects=reason,
                              threads=f"{run.threads} (the model and the encoder), counting in the main one")
     _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "complete", "settings": settings,
-                                 "tokens": stats.tokens, "blocks": len(counted), "features": sae.cfg.d_sae,
+                                 "weights": weights, "tokens": stats.tokens, "blocks": len(counted),
+                                 "features": sae.cfg.d_sae, "l0": summary.l0, "pages": pages,
+                                 "parts": _parts_identity(out),
                                  "alive": summary.alive, "quantiles": list(QUANTILES), "logit_effects": reason,
                                  "world_size": world, "timings": summary.timings, "versions": _versions()})
     return dataset, summary

@@ -5,17 +5,44 @@ the parity report, the tests) reads these declarations instead of testing a mode
 A family is a package `scratch_models/<name>/` whose `FAMILY` is listed in `scratch_models/registry/families.py`.
 """
 
+import contextlib
 import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from weight_mapping import ConfigError, MappingTable
 
 from ..lens.names import LensTable
 from ..parts.rotary import context as rotary_context
 from .known import refuse_unbuilt
+
+
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init's initialisers as no-ops while a model is built for its shapes or for loading: its tensors are
+    never read or about to be replaced, and on the meta device torch's first `normal_` would import its
+    decomposition library (~1.5 s).
+
+    A torch function mode, not a patch of nn.init: it holds for this thread only, so a module built elsewhere in
+    the meantime is initialised as usual."""
+
+    INITIALISERS = frozenset(getattr(nn.init, name) for name in dir(nn.init)
+                             if name.endswith("_") and not name.startswith("_"))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Build modules on the meta device without running their initialisers: for their names and shapes, or to be
+    filled from a checkpoint."""
+    with torch.device("meta"), _SkipInit():
+        yield
 
 
 class ResidualStream:
@@ -278,7 +305,7 @@ class Family:
         the config cannot build that head (BertForQuestionAnswering with other than 2 labels, say). `config`: the
         checkpoint's (config_of)."""
         num_layers = getattr(config, self.table.layers_field)
-        with torch.device("meta"):
+        with shapes_only():
             base_names = set(self.base(config).state_dict())
             try:
                 head_names = set(head(config).state_dict())

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from weight_mapping import as_dtype
 
@@ -16,6 +15,7 @@ from ..dictionaries.splice import DictionaryMixin
 from ..hooking.hooked_model import HookedModel
 from ..lens.api import TransformerLensMixin
 from ..parts.inputs import check_tokens, check_values
+from .family import shapes_only
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("scratch_models")
@@ -111,6 +111,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
                 checkpoint = open_checkpoint(name_or_path, revision=revision)
             except NotCached as e:  # the class knows the family: say what works for it offline
                 raise e.advised(offline_advice(cls.family)) from None
+        files = files_identity([checkpoint.config_path, *checkpoint.files])  # before a tensor is read
         if config is None:
             config = cls.family.config_of(checkpoint)
         elif not isinstance(config, cls.config_class):
@@ -122,7 +123,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         if cls.tied_output_layer and not all(twins.values()):
             config = dataclasses.replace(config, tie_word_embeddings=False)
         model_kwargs = cls.kwargs_for_checkpoint(checkpoint.keys()) | model_kwargs
-        with torch.device("meta"), _SkipInit():  # shapes only: every tensor is replaced by the checkpoint's below
+        with shapes_only():  # every tensor is replaced by the checkpoint's below
             model = cls(config, **model_kwargs)
         expected = {name: t.shape for name, t in model.state_dict().items()}
         state, info = load_state(table, checkpoint, expected, getattr(config, table.layers_field),
@@ -137,6 +138,7 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
         model.read_checkpoint_settings(checkpoint, config)
         if transformer_lens:
             model.use_transformer_lens()
+        model.weights_loaded = (files, tensor_versions(model))
         logger.info("%s.from_pretrained(%s): %s", cls.__name__, checkpoint.source, info.summary())
         return model.eval()
 
@@ -263,21 +265,21 @@ class PretrainedModel(TransformerLensMixin, DictionaryMixin, HookedModel):
 
 def _names_in(cls: type, config) -> list[str]:
     """The tensor names of `cls` built from `config` (on the meta device: no memory, no init)."""
-    with torch.device("meta"), _SkipInit():
+    with shapes_only():
         return list(cls(config).state_dict())
 
 
-class _SkipInit(TorchFunctionMode):
-    """torch.nn.init's initialisers as no-ops while a model is built for loading: its tensors are about to be
-    replaced, and on the meta device torch's first `normal_` would import its decomposition library (~1.7 s).
+def files_identity(paths) -> list[list]:
+    """[path, size, modification time, change time, inode] of each file (times in ns): what `weights_identity`
+    compares to trust a recorded hash of the tensors read from them."""
+    identity = []
+    for path in paths:
+        path = Path(path).resolve()
+        stat = path.stat()
+        identity.append([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino])
+    return identity
 
-    A torch function mode, not a patch of nn.init: it holds for this thread only, so a module built elsewhere in
-    the meantime is initialised as usual."""
 
-    INITIALISERS = frozenset(getattr(nn.init, name) for name in dir(nn.init)
-                             if name.endswith("_") and not name.startswith("_"))
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.INITIALISERS:
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
+def tensor_versions(model) -> tuple:
+    """(name, storage address, in-place version) of each tensor: equal while no tensor was replaced or changed."""
+    return tuple((name, t.data_ptr(), t._version) for name, t in model.state_dict(keep_vars=True).items())

@@ -10,10 +10,13 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from corpus_data import SENTENCES, write_jsonl
+from helpers import rewrite_same_size
 from locking import held_elsewhere
 from scratch_models.corpus import DiskFull, HarvestError, harvest, run_harvest, storage
 from test_resume import command, held, same_bytes, same_rows, wait_for
@@ -194,3 +197,94 @@ def test_ctrl_c_twice_300_ms_apart_exits_130_with_one_line(tiny_gpt2, tmp_path):
     assert said.count("\n") == 1 and said.startswith("scratch-models harvest: interrupted: "), said
     done = subprocess.run(command(tiny_gpt2[0], data, out), env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_rerun_trusts_the_recorded_weights_hash_only_while_the_files_are_unchanged(tmp_path, tiny_gpt2,
+                                                                                      monkeypatch):
+    """A rerun from the same checkpoint files (size, times, inode as recorded) takes the weights' hash from the
+    manifest instead of reading every tensor again (before, each rerun of a GPT-2 124M harvest hashed 500 MB); a
+    weight file rewritten to the same size with its modification time set back is still refused, naming the
+    weights' hash, as it was when every rerun hashed."""
+    plan = importlib.import_module("scratch_models.corpus.plan")
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_gpt2[0], checkpoint)
+    out = tmp_path / "out"
+    arguments = dict(model=str(checkpoint), data=SENTENCES, out=out, **ARGUMENTS, threads=1)
+    harvest(**arguments)
+    manifest = json.loads((out / "harvest.json").read_text())
+    assert manifest["weights"]["sha256"] == manifest["settings"]["weights_sha256"]
+    assert [Path(f[0]).name for f in manifest["weights"]["identity"]["files"]] == ["config.json", "model.safetensors"]
+
+    def no_hashing(state):
+        raise AssertionError("the weights were hashed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plan, "_digest", no_hashing)
+        _, summary = run_harvest(**arguments)
+    assert summary.tokens == 0 and summary.resumed_shards == summary.shards
+    rewrite_same_size(checkpoint / "model.safetensors")
+    with pytest.raises(HarvestError, match=r"other settings \(weights_sha256: "):
+        harvest(**arguments)
+
+
+def test_the_weights_identity_is_none_once_a_tensor_or_a_file_changed(tmp_path, tiny_gpt2):
+    """Only a model as from_pretrained read it, from files as they were then, has a cheap identity: a tensor changed
+    in place or a weight file touched since makes every run hash the tensors again."""
+    from scratch_models import GPT2Model
+    from scratch_models.corpus.plan import weights_identity
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_gpt2[0], checkpoint)
+    model = GPT2Model.from_pretrained(checkpoint)
+    assert weights_identity(model) is not None
+    with torch.no_grad():
+        model.layers[0].norm_1.weight.add_(1.0)
+    assert weights_identity(model) is None
+    model = GPT2Model.from_pretrained(checkpoint)
+    os.utime(checkpoint / "model.safetensors")
+    assert weights_identity(model) is None
+    assert weights_identity(GPT2Model(model.config)) is None  # built, not read
+
+
+def test_choosing_the_class_to_load_runs_no_initialiser(tiny_gpt2, monkeypatch):
+    """The classes load_model and missing_head_tensors build for their names (shapes only) run no initialiser: on
+    the meta device torch's first normal_ imports its decomposition library, 1.5 s of every harvest and features
+    run before (measured on the random GPT-2 124M)."""
+    from scratch_models.corpus.plan import load_model
+
+    def no_init(*args, **kwargs):
+        raise AssertionError("an initialiser ran on a model built for its shapes")
+
+    monkeypatch.setattr(torch.Tensor, "normal_", no_init)
+    monkeypatch.setattr(torch.Tensor, "uniform_", no_init)
+    model = load_model(str(tiny_gpt2[0]), ["layers.1.out", "logits"])
+    assert type(model).__name__ == "GPT2LMHeadModel"
+
+
+def test_a_rerun_of_a_complete_harvest_does_not_read_the_corpus_again(tmp_path, tiny_gpt2_model, monkeypatch):
+    """Every shard of a complete harvest there: the same call neither reads nor tokenizes the corpus again (before,
+    it read it all only to count its blocks) and reports and records what it did before; a shard deleted since is
+    written again, as before."""
+    plan = importlib.import_module("scratch_models.corpus.plan")
+    out, reference = tmp_path / "out", tmp_path / "reference"
+    arguments = dict(model=tiny_gpt2_model, data=SENTENCES * 2 + [""], **ARGUMENTS, threads=1)
+    _, first = run_harvest(**arguments, out=out)
+    assert first.shards >= 3 and first.empty_documents == 1
+    shutil.copytree(out, reference)
+    manifest = json.loads((out / "harvest.json").read_text())
+
+    def no_reading(self, rows_per_block):
+        raise AssertionError("the corpus was read again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plan.Plan, "blocks", no_reading)
+        _, again = run_harvest(**arguments, out=out)
+    assert (again.shards, again.resumed_shards, again.tokens, again.rows, again.empty_documents) == (
+        first.shards, first.shards, 0, first.rows, 1)
+    assert json.loads((out / "harvest.json").read_text()) == manifest
+    same_rows(out, reference)
+    (out / "data-00001.arrow").unlink()
+    (out / "data-00001.json").unlink()
+    _, redone = run_harvest(**arguments, out=out)
+    assert redone.resumed_shards == first.shards - 1 and redone.tokens > 0
+    same_rows(out, reference)

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from dictionary_data import random_sae
+from helpers import rewrite_same_size
 from locking import held_elsewhere
 from scratch_models.dictionaries import DictionaryError
 from scratch_models.dictionaries.features import run_features
@@ -179,6 +180,60 @@ def test_a_run_with_nothing_left_to_count_reports_no_pass_it_did_not_make(lm, sa
     shutil.copytree(reference, out)
     _, summary = run_features(lm, sae, CORPUS, out, **SETTINGS)
     assert summary.tokens_this_run == 0
-    setup, passed = summary.timings["setting up (model, dictionary, plan)"], summary.timings["pass"]
+    setup, passed = summary.timings["setting up (model, dictionary, plan)"], summary.timings.get("pass", 0.0)
     assert passed <= setup and passed <= 0.5 * summary.seconds, summary.format()
     assert "0 tokens this run" in summary.format()
+
+
+def test_a_rerun_trusts_the_recorded_weights_hash_only_while_the_files_are_unchanged(tiny_gpt2, sae, tmp_path,
+                                                                                      monkeypatch):
+    """As harvest: a rerun from unchanged checkpoint files takes the weights' hash from features.json instead of
+    reading every tensor again; a weight file rewritten to the same size with its modification time set back is
+    still refused, naming the weights' hash."""
+    plan = importlib.import_module("scratch_models.corpus.plan")
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_gpt2[0], checkpoint)
+    out = tmp_path / "out"
+    run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
+    manifest = json.loads((out / "features.json").read_text())
+    assert manifest["weights"]["sha256"] == manifest["settings"]["weights_sha256"]
+
+    def no_hashing(state):
+        raise AssertionError("the weights were hashed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plan, "_digest", no_hashing)
+        _, summary = run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
+    assert summary.tokens_this_run == 0
+    rewrite_same_size(checkpoint / "model.safetensors")
+    with pytest.raises(DictionaryError, match=r"other settings \(weights_sha256: "):
+        run_features(str(checkpoint), sae, CORPUS, out, **SETTINGS)
+
+
+def test_a_rerun_of_a_complete_run_writes_nothing_again_unless_something_is_missing(lm, sae, reference, tmp_path,
+                                                                                    monkeypatch):
+    """A complete run whose dataset (and pages, where asked for) are there: the same command merges, computes the
+    logit effects and writes nothing again (before, every rerun rewrote the dataset and pages and multiplied the
+    unembedding by the decoder), and reports what features.json says. Pages asked for where the run wrote none, or
+    a dataset deleted, are written as before."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+    def no_effects(*args, **kwargs):
+        raise AssertionError("the logit effects were computed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(features_module, "logit_effects", no_effects)
+        dataset, summary = run_features(lm, sae, CORPUS, out, **SETTINGS)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE} == {
+        p: t for p, t in before.items() if p.name != LOCK_FILE}
+    manifest = json.loads((out / "features.json").read_text())
+    assert (summary.tokens, summary.alive, summary.tokens_this_run) == (manifest["tokens"], manifest["alive"], 0)
+    assert summary.l0 == manifest["l0"] and len(dataset) == manifest["features"]
+    same_features(out, reference)
+    run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))  # none were written: now they are
+    assert (out / "index.html").is_file()
+    shutil.rmtree(out / "dataset")
+    run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))
+    same_features(out, reference)

@@ -141,7 +141,7 @@ def test_the_lines_beside_the_numbers_make_them():
 
     page = PAGE.read_text(encoding="utf-8")
     blocks = re.findall(r"\*\*The lines that make them\.\*\*\n\n```python\n(.*?)```", page, flags=re.S)
-    assert len(blocks) >= 4
+    assert len(blocks) >= 10
     shown = set(re.findall(r"-?\d+\.\d{4}", page))
     for code in blocks:
         out = io.StringIO()
@@ -151,3 +151,80 @@ def test_the_lines_beside_the_numbers_make_them():
         assert len(printed) >= 4, out.getvalue()
         missing = [n for n in printed if n not in shown and n.replace("-", "", 1) not in shown]
         assert not missing, (missing, code)
+        # shapes too (the Conv1D section's are all shapes): each printed torch.Size is on the page as [a, b, ...]
+        shapes = [f"[{size}]" for size in re.findall(r"torch\.Size\(\[([\d, ]+)\]\)", out.getvalue())]
+        assert not [shape for shape in shapes if shape not in page], (shapes, code)
+
+
+def _section(page: str, title: str) -> str:
+    start = page.index(title)
+    return page[start:page.index("\n## ", start + 1)]
+
+
+def _rows(section: str, columns: int) -> list[list[str]]:
+    """The rows of the section's tables with `columns` cells, the header and rule left out."""
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and line.count("|") == columns + 1]
+    return [row for row in rows if re.fullmatch(r"-?\d+\.\d{4}", row[-1]) or re.search(r"\d", row[0])]
+
+
+def test_the_masks_conv1d_and_pooler_sections_have_their_lines():
+    """Issue 35: the masks, Conv1D and pooler sections showed numbers without the lines that make them."""
+    page = PAGE.read_text(encoding="utf-8")
+    for title in ("## 3. Padding and causal masks", "## 5. GPT-2's Conv1D", "## 7. The pooler over [CLS]"):
+        assert "**The lines that make them.**" in _section(page, title), title
+
+
+def test_the_experts_chapter_routes_as_its_numbers_say():
+    """The mixture of experts in numbers: every hook point of parts/moe.py's block named in layer 0, and the
+    router's table consistent with itself: probabilities that sum to 1, the chosen experts the top k of them,
+    the routing weights those probabilities over their sum, and each chosen expert's weight in the second table."""
+    from scratch_models.parts.moe import SparseMoeBlock
+    from scratch_models.parts.hook_point import HookPoint
+    from scratch_models.registry.families import FAMILIES
+
+    page = PAGE.read_text(encoding="utf-8")
+    chapter = _section(page, "## 10. Mixtures of experts")
+    config = FAMILIES["mixtral"].tiny()
+    block = SparseMoeBlock(8, 4, 3, 2, "silu", renormalize=True, float32_weights=True)
+    points = [name for name, module in block.named_modules() if isinstance(module, HookPoint)
+              and (not name.startswith("experts.") or name.startswith("experts.0."))]
+    assert {"router_logits", "chosen", "routing_weights", "proj", "experts.0.proj"} <= set(points)
+    for name in points:
+        assert f"`layers.0.mlp.{name}`" in chapter, name
+    assert excerpt(SparseMoeBlock.forward).code in chapter and excerpt(SparseMoeBlock.combine).code in chapter
+    router = [row for row in _rows(chapter, 4) if row[0].isdigit()]
+    assert [int(row[0]) for row in router] == list(range(config.num_local_experts))
+    probs = {int(row[0]): float(row[2]) for row in router}
+    assert abs(sum(probs.values()) - 1) <= 5e-4 * len(probs)
+    chosen = [int(e) for e in re.search(r"`chosen` is `\[([\d, ]+)\]`", chapter)[1].split(", ")]
+    assert chosen == sorted(probs, key=probs.get, reverse=True)[:config.num_experts_per_tok]
+    assert {int(row[0]) for row in router if row[3] == "yes"} == set(chosen)
+    weights = [float(w) for w in re.search(r"`routing_weights` `\[([-\d., ]+)\]`", chapter)[1].split(", ")]
+    total = sum(probs[e] for e in chosen)
+    assert all(abs(w - probs[e] / total) <= 5e-4 for w, e in zip(weights, chosen))
+    experts = [row for row in _rows(chapter, 5) if row[0].isdigit()]
+    assert [(int(row[0]), float(row[2])) for row in experts] == list(zip(chosen, weights))
+    assert "bit for bit" in chapter
+
+
+def test_the_post_norm_chapter_shows_where_olmo_2_puts_its_norms():
+    """OLMo 2's sublayers read the stream unnormalised and add their output through a norm; Llama's read it
+    normalised and add their output as it is: the table says so in its numbers (the tiny models' norms have
+    weight 1, so a normalised tensor has an RMS of 1)."""
+    from scratch_models.llama.model import LlamaDecoderLayer
+    from scratch_models.olmo2.model import Olmo2DecoderLayer
+
+    page = PAGE.read_text(encoding="utf-8")
+    chapter = _section(page, "## 9. Where the norm goes, once more")
+    for function in (Olmo2DecoderLayer.forward, LlamaDecoderLayer.forward):
+        assert excerpt(function).code in chapter
+    rows = [row for row in _rows(chapter, 8) if row[0].startswith(("OLMo 2", "Llama"))]
+    assert len(rows) >= 4
+    for row in rows:
+        stream, reads, output, adds, mlp_output, mlp_adds, _ = map(float, row[1:])
+        if row[0].startswith("OLMo 2"):
+            assert reads == stream and abs(adds - 1) <= 2e-4 and abs(mlp_adds - 1) <= 2e-4, row
+            assert abs(output - 1) > 0.1, row  # what the norm receives is not already at RMS 1
+        else:
+            assert abs(reads - 1) <= 2e-4 and adds == output and mlp_adds == mlp_output, row
