@@ -168,14 +168,17 @@ class Phi3ForCausalLM(CausalLM, Phi3Model):
     position."""
 
     def decoding(self, attention_mask: torch.Tensor, capacity: int) -> CachedDecoding:
-        return RestartAtOriginalLength(self, attention_mask, capacity)
+        if self.rotary.rope_type == "longrope":
+            return RestartAtOriginalLength(self, attention_mask, capacity)
+        return super().decoding(attention_mask, capacity)
 
 
 class RestartAtOriginalLength(CachedDecoding):
     """CachedDecoding that, once the tokens fed reach original_max_position_embeddings + 1 (padding counted),
     forgets its cache and feeds every token again, as transformers' Phi3ForCausalLM does: under LongRoPE the
     angles of every position change to the long factors there, and the cached keys were turned by the short
-    ones. Once only, at that step; with the default rotary embedding the numbers are the same either way."""
+    ones. Once only, at that step. (transformers does it with the default rotary embedding too, where the numbers
+    are the same either way up to rounding: here only under LongRoPE.)"""
 
     def __init__(self, model, attention_mask: torch.Tensor, capacity: int):
         super().__init__(model, attention_mask, capacity)

@@ -193,6 +193,23 @@ def test_generation_feeds_the_sequence_again_where_it_crosses_the_original_lengt
     assert decoding.length == 17 and decoding.cache.length == 17
 
 
+def test_a_compiled_model_generates_across_the_original_length_as_transformers_does(tmp_path):
+    """compile_model's wrapper keeps Phi-3's own decoding under LongRoPE (a static cache cannot feed the sequence
+    again): the same tokens as transformers past original_max_position_embeddings, and no graph compiled for it."""
+    from scratch_models.decoding.compiled import compile_model
+
+    reference_model = hf(**LONGROPE)
+    fast = compile_model(Phi3ForCausalLM.from_pretrained(save(reference_model, tmp_path)))
+    ids, mask = left_padded_prompts(9, (9, 4, 6, 2))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        theirs = reference_model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                                          pad_token_id=36, eos_token_id=None)
+        ours = fast.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=None)
+    assert torch.equal(ours, theirs)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
 def test_longrope_past_the_original_length_matches_transformers_in_one_pass(tmp_path):
     """22 tokens, past original_max_position_embeddings (16): every position turned by the long factors and the
     scores scaled by LongRoPE's attention factor, sqrt(1 + ln(24 / 16) / ln 16); within it, the short ones."""
