@@ -169,8 +169,11 @@ class CompiledLM(CompiledModel, GenerationMixin):
             return super().generate(*args, **kwargs)
 
     def decoding(self, attention_mask: torch.Tensor, capacity: int) -> CachedDecoding:
-        if self.listening():
-            return CachedDecoding(self.model, attention_mask, capacity)
+        eager = self.model.decoding(attention_mask, capacity)
+        # a family that decodes its own way (Phi-3 under LongRoPE feeds the sequence again where its angles switch)
+        # keeps its way, eagerly: one graph over a static cache cannot
+        if self.listening() or type(eager) is not CachedDecoding:
+            return eager
         return StaticDecoding(self.model, functools.partial(self.run_compiled, self._step), attention_mask, capacity)
 
 

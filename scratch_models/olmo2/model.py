@@ -79,6 +79,7 @@ class Olmo2Attention(nn.Module):
         h, n, n_kv, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.layer_idx = layer_idx  # which of the cache's layers is ours
         self.num_heads, self.num_kv_heads, self.head_dim = n, n_kv, d
+        self.sliding = config.sliding_layers[layer_idx]  # whether its queries see the last sliding_window keys only
         self.q_proj = nn.Linear(h, n * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(h, n_kv * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, n_kv * d, bias=config.qkv_bias)
@@ -115,7 +116,7 @@ class Olmo2Attention(nn.Module):
         k = self.k_normed(self.k_norm(self.k_unnormalized(self.k_proj(x).view(heads))))
         q, k = self.q_unrotated(q.transpose(1, 2)), self.k_unrotated(k.transpose(1, 2))
         v = self.v(self.v_proj(x).view(heads).transpose(1, 2))
-        cos, sin = step.positional  # float32: the turn is computed in float32 and cast back, as transformers' OLMo 2
+        cos, sin = self.angles(step)  # float32: the turn is computed in float32 and cast back, as transformers' OLMo 2
         q, k = self.q(rotate(q, cos, sin).to(q.dtype)), self.k(rotate(k, cos, sin).to(k.dtype))
         if step.cache is not None:
             k, v = step.cache.update(self.layer_idx, k, v)  # with the cached tokens' in front: [b, n_kv, p + s, d]
@@ -123,7 +124,7 @@ class Olmo2Attention(nn.Module):
             # dense copies, as transformers' forward holds them (it keeps a cache by default): the matmuls then
             # run the same kernels on the same layout and round exactly as transformers does
             k, v = k.contiguous(), v.contiguous()
-        mask, causal = step.attention()
+        mask, causal = step.attention(self.sliding)
         context, probs = attend(q, k, v, mask, scale=self.head_dim ** -0.5,
                                 dropout_p=self.attention_dropout if self.training else 0.0,
                                 scores=self.scores, probs=self.probs, explicit=step.need_probs, causal=causal,
@@ -132,15 +133,21 @@ class Olmo2Attention(nn.Module):
         projected = project_heads(merged, self.o_proj, self.o_proj.weight.T, self.num_heads, self.result)
         return self.proj(projected), probs
 
+    def angles(self, step: Step):
+        """The rotary (cos, sin) this layer turns q and k by: the model's one pair (OLMo 3's layers pick theirs)."""
+        return step.positional
+
 
 class Olmo2DecoderLayer(nn.Module):
     """Post-norm placement: each sublayer reads the residual stream as it is, and what it adds back is its output
     RMS-normalised (post_attn_norm, post_mlp_norm)."""
 
+    attention = Olmo2Attention  # OLMo 3's layer is this one around its attention
+
     def __init__(self, config: Olmo2Config, layer_idx: int):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.attn = Olmo2Attention(config, layer_idx)
+        self.attn = self.attention(config, layer_idx)
         self.post_attn_norm = Olmo2RMSNorm(h, eps)
         self.attn_out = HookPoint("b, s, h", "the attention's output through its RMSNorm (post_attention_layernorm): "
                                   "what attention adds to the stream")
@@ -164,12 +171,14 @@ class Olmo2Model(CausalDecoder):
     mapping_table = OLMO2
     # positions index no table (they rotate q and k), but past max_position_embeddings the model never trained
     table_indices = {"input_ids": "vocab_size", "position_ids": "max_position_embeddings"}
+    layer_class = Olmo2DecoderLayer  # OLMo 3's has sliding-window layers
 
     def __init__(self, config: Olmo2Config):
         super().__init__()
         self.config = config
+        self.sliding_window = config.sliding_window if any(config.sliding_layers) else None
         self.embeddings = LlamaEmbeddings(config)
-        self.layers = nn.ModuleList(Olmo2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm_f = Olmo2RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.ln_f = HookPoint("b, s, h", "final RMSNorm of the residual stream (norm): the last hidden state")
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,

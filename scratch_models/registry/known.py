@@ -10,7 +10,7 @@ from weight_mapping import CheckpointError
 
 # the registered families: a package of scratch_models each, whose name is its config.json model_type
 FAMILY_PACKAGES = ("bert", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                   "olmo2", "mixtral", "qwen3_moe", "gpt_oss")
+                   "olmo2", "olmo3", "phi3", "mixtral", "qwen3_moe", "gpt_oss")
 # model_type of a bigger (multimodal) model -> the registered family that reads the language model inside it
 WRAPPED = {"gemma3": "gemma3_text"}
 # the registered families whose MLPs are mixtures of experts (their tables repeat "{e}" rows): an expert count in

@@ -149,11 +149,11 @@ def test_a_default_cache_holds_what_the_bridge_s_holds(built, family):
     """run_with_cache(tokens) without names: of the names both models know, the same ones are keys and answer `in`,
     with every switch off and with each the bridge honours on. Before, the switched-off copies of the stream
     (hook_q_input, hook_attn_in, hook_mlp_in) answered `in` and a lookup. Left out: names ours has no tensor for
-    (a lookup says so), and GPT-NeoX's hook_rot_q / hook_rot_k, HookedTransformer's names that the bridge lists
-    but never calls on GPT-NeoX (ours holds them)."""
+    (a lookup says so), and GPT-NeoX's and Phi-3's hook_rot_q / hook_rot_k, HookedTransformer's names that the
+    bridge lists but never calls on their fused attention (ours holds them)."""
     _, ours, bridge = built(family)
     tokens = ours.to_tokens(list(TEXTS))
-    never_called = ("attn.hook_rot_q", "attn.hook_rot_k") if family == "gpt_neox" else ()
+    never_called = ("attn.hook_rot_q", "attn.hook_rot_k") if family in ("gpt_neox", "phi3") else ()
     known = [name for name, resolved in ours.lens_names().items() if name in bridge.hook_dict
              and resolved.source is not None and not name.endswith(never_called or ("-",))]
     assert len(known) >= 30
