@@ -92,7 +92,9 @@ class Prepared:
         return out
 
 
-GRADIENT_BYTES = 2 ** 31  # at most this much of gradients per backward pass (see _Rows.__call__)
+# at most this much of gradients and their cotangents per backward pass (see _Rows.__call__): the working set of
+# a batch of rows grows with the prompt's length, so a long prompt's batch goes through in groups
+GRADIENT_BYTES = 2 ** 29
 GATHER_BYTES = 2 ** 27  # at most this much of gradients gathered at the decoder entries' positions at once
 
 
@@ -230,7 +232,7 @@ class _Rows:
         [n, h] per target at every output hook and the embedding at once, so targets go through it in groups
         that keep those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
         n, h = self.embed.shape[-2:]
-        per_target = (self.r.n_layers + 1) * n * h * self.embed.element_size()
+        per_target = 2 * (self.r.n_layers + 1) * n * h * self.embed.element_size()  # gradients and cotangents
         group = max(1, GRADIENT_BYTES // per_target)
         if len(layers) > group:
             return torch.cat([self(*parts) for parts in zip(layers.split(group), positions.split(group),

@@ -51,6 +51,8 @@ class RowStore:
             partial.unlink()
         manifest = self.directory / MANIFEST
         settings = json.loads(json.dumps(settings))  # as they read back (tuples are lists)
+        if manifest.is_file() and not any(self.directory.glob("batch-*")):  # a start with nothing computed
+            manifest.unlink()
         if manifest.is_file():
             try:
                 there = json.loads(manifest.read_text())

@@ -96,7 +96,7 @@ def test_rows_in_groups_under_the_gradient_budget_are_the_same(monkeypatch):
     model = tiny_model("llama")
     tc = random_transcoders(2, model.config.hidden_size, 20, kind="cross_layer_transcoder")
     whole = attribute(model, tc, IDS, batch_size=16)
-    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * 3 * len(IDS) * model.config.hidden_size * 4)
+    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * 2 * 3 * len(IDS) * model.config.hidden_size * 4)
     grouped = attribute(model, tc, IDS, batch_size=16)
     assert torch.equal(grouped.adjacency_matrix, whole.adjacency_matrix)
 
@@ -179,3 +179,59 @@ def test_bad_input_is_refused_naming_it():
     bert = FAMILIES["bert"].lm(FAMILIES["bert"].tiny())
     with pytest.raises(ValueError, match="not one"):
         attribute(bert, random_transcoders(2, bert.config.hidden_size, 20), IDS)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("max_feature_nodes", [None, 25])
+def test_a_run_stopped_part_way_continues_from_its_rows_to_the_same_graph(tmp_path, monkeypatch, max_feature_nodes):
+    """Stopped after a few batches (and a half-written file left behind), the same call with the same rows_dir
+    computes only the rows still missing and gives the uninterrupted graph bitwise; with max_feature_nodes the
+    influence-ranked visit is replayed from the stored rows."""
+    from scratch_models.circuits import attribution as module
+
+    model = tiny_model("gemma2")
+    tc = random_transcoders(2, model.config.hidden_size, 20, hooks=HOOKS["gemma2"], jumprelu=True, skip=True)
+    options = dict(batch_size=4, max_feature_nodes=max_feature_nodes, update_interval=2)
+    whole = attribute(model, tc, IDS, **options)
+
+    def stop_after(batches):
+        def progress(done, total):
+            if done >= 4 * batches:
+                raise Stop
+        return progress
+
+    with pytest.raises(Stop):
+        attribute(model, tc, IDS, rows_dir=tmp_path / "rows", progress=stop_after(3), **options)
+    (tmp_path / "rows" / "batch-000004.npy.partial").write_bytes(b"half")  # a kill during a write
+    computed = []
+    real = module._Rows.__call__
+    monkeypatch.setattr(module._Rows, "__call__", lambda self, layers, *a: computed.append(len(layers)) or real(
+        self, layers, *a))
+    again = attribute(model, tc, IDS, rows_dir=tmp_path / "rows", **options)
+    assert torch.equal(again.adjacency_matrix, whole.adjacency_matrix)
+    assert torch.equal(again.selected_features, whole.selected_features)
+    n_features = len(whole.selected_features)
+    assert sum(computed) == n_features - 12 and n_features > 12  # the logit rows and 3 batches were kept
+    assert not list((tmp_path / "rows").glob("*.partial"))
+
+
+def test_rows_of_other_settings_are_refused_naming_what_differs(tmp_path):
+    model = tiny_model("llama")
+    tc = random_transcoders(2, model.config.hidden_size, 20)
+    attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    with pytest.raises(ValueError, match=r"other settings \(batch_size: 4 there, 5 now\)"):
+        attribute(model, tc, IDS, batch_size=5, rows_dir=tmp_path, identity={"model": "a"})
+    with pytest.raises(ValueError, match=r'input_ids: \[2, 5, 9, 11, 7, 3, 8\] there, \[2, 5, 9, 11, 7, 3\] now'):
+        attribute(model, tc, IDS[:-1], batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    with pytest.raises(ValueError, match=r'model: "a" there, "b" now'):
+        attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "b"})
+    other = random_transcoders(2, model.config.hidden_size, 20, seed=5)  # the same names, other numbers
+    with pytest.raises(ValueError, match=r"other settings \(forward: \"\w+\" there, \"\w+\" now\)"):
+        attribute(model, other, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    (tmp_path.parent / "strange").mkdir()
+    (tmp_path.parent / "strange" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"strange: holds notes.txt and no rows.json: not the rows of an attribution"):
+        attribute(model, tc, IDS, rows_dir=tmp_path.parent / "strange")
