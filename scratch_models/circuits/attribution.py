@@ -35,10 +35,17 @@ W_U[:, b]), used as given (token targets are demeaned over the vocabulary, as ci
 **max_feature_nodes**: as circuit-tracer, the logit rows first, then features in batches, ranked again every
 `update_interval` batches by their influence on the logits through the rows computed so far.
 
-**Long prompts** (`rows_to=`): with every feature in the graph, each batch of rows goes straight to its place in a
-file-backed matrix (a numpy memmap .npy), so the process holds one batch of rows besides the forward pass; with
-max_feature_nodes the visited rows (max_feature_nodes of them) are held until their columns are chosen. Pruning
-and influence still read the whole matrix (graph.py).
+**Long prompts.** No matrix that grows with the number of active features squared, or with max_feature_nodes times
+it, is held. Each batch of rows goes to disk as it is computed (rows.py: `rows_dir=`, or a temporary directory), and
+the influence-ranked visit reads them back a batch at a time for each ranking (graph.influence_over_rows: the same
+series circuit-tracer sums, a matrix-vector product per term, summed over the batches). A batch's working set is
+bounded whatever the prompt: the backward pass's gradients and their cotangents go in groups under GRADIENT_BYTES,
+the decoder vectors are gathered GATHER_BYTES at a time (never one [h] vector per active feature held). What grows
+with the prompt: a batch's rows (batch_size x every active feature), the active features' indices, and the graph
+itself: its adjacency [N, N] over the kept nodes (max_feature_nodes + (n_layers + 1) x n + logits), in memory or
+memory-mapped from the .npy file `rows_to` (written from the stored rows at the end). Pruning and influence read it
+a block of rows at a time (graph.py). `rows_dir` also makes a run resumable: the same call continues from the rows
+there, bitwise (rows.py).
 """
 
 import contextlib
@@ -49,7 +56,7 @@ from collections.abc import Sequence
 import torch
 
 from ..parts.norms import Norm
-from .graph import Graph, influence_over_rows, normalize_matrix
+from .graph import Graph, influence_over_rows
 from .rows import RowsError, RowStore, digest
 from .transcoders import Transcoders
 
@@ -234,10 +241,15 @@ class _Rows:
         n, h = self.embed.shape[-2:]
         per_target = 2 * (self.r.n_layers + 1) * n * h * self.embed.element_size()  # gradients and cotangents
         group = max(1, GRADIENT_BYTES // per_target)
-        if len(layers) > group:
-            return torch.cat([self(*parts) for parts in zip(layers.split(group), positions.split(group),
-                                                             vectors.split(group))])
-        k = len(layers)
+        rows = torch.zeros(len(layers), self.width, dtype=self.r.transcoders.dtype, device=vectors.device)
+        for start in range(0, len(layers), group):
+            part = slice(start, start + group)
+            self._fill(rows[part], layers[part], positions[part], vectors[part])
+        return rows
+
+    def _fill(self, rows: torch.Tensor, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor):
+        """One backward pass for k targets, their rows added into `rows` [k, width] (zeros)."""
+        k, h = len(layers), self.embed.shape[-1]
         n_layers, p = self.r.n_layers, self.p
         outs, grads = [], []
         for layer in layers.unique().tolist():
@@ -252,8 +264,7 @@ class _Rows:
         got = torch.autograd.grad(outs, [*sources, self.embed], grads, retain_graph=True, allow_unused=True,
                                   is_grads_batched=True)
         *out_grads, embed_grad = [None if g is None else g[:, 0] for g in got]
-        dtype = self.r.transcoders.dtype
-        rows = torch.zeros(k, self.width, dtype=dtype, device=vectors.device)
+        dtype = rows.dtype
         n = len(p.input_ids)
         gathered = max(1, GATHER_BYTES // (k * h * rows.element_size()))
         for m, g in enumerate(out_grads):
@@ -269,7 +280,6 @@ class _Rows:
         if embed_grad is not None:
             start = self.n_active + n_layers * n
             rows[:, start:start + n] = torch.einsum("bnh,nh->bn", embed_grad.to(dtype), p.token_vectors)
-        return rows
 
 
 def decode(model, ids: list[int]) -> str:
@@ -438,7 +448,7 @@ def _build(replacement, prepared, targets, store, batch_size, max_feature_nodes,
             chosen = torch.arange(total_active)
         else:
             blocks = store.blocks(batches)
-            influence = influence_over_rows(lambda wanted: ((nodes, normalize_matrix(block, eps=1e-8))
+            influence = influence_over_rows(lambda wanted: ((nodes, _normalized(block))
                                                             for nodes, block in blocks(wanted)),
                                             weights, max_iter=128)
             rank = torch.argsort(influence[:total_active], descending=True)
@@ -463,6 +473,13 @@ def _build(replacement, prepared, targets, store, batch_size, max_feature_nodes,
                  adjacency_matrix=adjacency, logit_targets=targets.labels,
                  logit_probabilities=targets.probabilities.float().cpu(), n_layers=n_layers,
                  vocab_size=replacement.model.config.vocab_size, scan=replacement.transcoders.cfg.scan)
+
+
+def _normalized(rows: torch.Tensor) -> torch.Tensor:
+    """graph.normalize_matrix with circuit-tracer's eps for the partial influences, in place (the rows read from
+    disk are ours: no second copy of a batch)."""
+    rows.abs_()
+    return rows.div_(rows.sum(dim=1, keepdim=True).clamp(min=1e-8))
 
 
 def _storage(size: int, rows_to) -> torch.Tensor:
