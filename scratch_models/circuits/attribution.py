@@ -81,7 +81,7 @@ class Prepared:
     def encoder_vectors(self, transcoders: Transcoders, chosen: torch.Tensor) -> torch.Tensor:
         """[k, h] the W_enc rows of active features `chosen`."""
         layer, feature = self.active_features[chosen, 0], self.active_features[chosen, 2]
-        out = torch.empty(len(chosen), transcoders.d_model, dtype=transcoders.dtype, device=chosen.device)
+        out = transcoders.W_enc[0].new_empty(len(chosen), transcoders.d_model)
         for l in layer.unique().tolist():
             at = layer == l
             out[at] = transcoders.W_enc[l][feature[at]]
@@ -92,7 +92,7 @@ class Prepared:
         features = self.decoder_feature[entries]
         source, feature = self.active_features[features, 0], self.active_features[features, 2]
         target = self.decoder_layer[entries]
-        out = torch.empty(len(entries), transcoders.d_model, dtype=transcoders.dtype, device=entries.device)
+        out = transcoders.W_enc[0].new_empty(len(entries), transcoders.d_model)
         for s, m in torch.stack([source, target], 1).unique(dim=0).tolist():
             at = (source == s) & (target == m)
             out[at] = transcoders.decoder(s, m)[feature[at]] * self.activation_values[features[at]][:, None]
@@ -395,8 +395,8 @@ def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets
                     "update_interval": update_interval, "zero_positions": [zero_positions.start, zero_positions.stop],
                     "dtype": str(transcoders.dtype), "device": str(input_ids.device),
                     # the forward pass's numbers: other weights, or a run that rounds otherwise, give other rows
-                    "forward": digest(prepared.active_features, prepared.activation_values, prepared.logits,
-                                      targets.vectors, targets.probabilities)}
+                    "forward pass (digest)": digest(prepared.active_features, prepared.activation_values,
+                                                    prepared.logits, targets.vectors, targets.probabilities)}
         with (contextlib.nullcontext(rows_dir) if rows_dir is not None
               else tempfile.TemporaryDirectory(prefix="attribution-rows-")) as directory:
             store = RowStore(directory, settings)

@@ -229,9 +229,30 @@ def test_rows_of_other_settings_are_refused_naming_what_differs(tmp_path):
     with pytest.raises(ValueError, match=r'model: "a" there, "b" now'):
         attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "b"})
     other = random_transcoders(2, model.config.hidden_size, 20, seed=5)  # the same names, other numbers
-    with pytest.raises(ValueError, match=r"other settings \(forward: \"\w+\" there, \"\w+\" now\)"):
+    with pytest.raises(ValueError, match=r"other settings \(forward pass \(digest\): \"\w+\" there, \"\w+\" now\)"):
         attribute(model, other, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
     (tmp_path.parent / "strange").mkdir()
     (tmp_path.parent / "strange" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"strange: holds notes.txt and no rows.json: not the rows of an attribution"):
         attribute(model, tc, IDS, rows_dir=tmp_path.parent / "strange")
+
+
+def test_influence_pruning_and_scores_read_in_blocks_of_rows_are_the_whole_matrix(monkeypatch, tmp_path):
+    """Blocks of 3 rows (of a memory-mapped adjacency) against the whole matrix at once: the same masks, and influence
+    and scores within float32 rounding of sums taken in another order (1e-5 relative to the largest)."""
+    from scratch_models.circuits import graph as module
+    from scratch_models.circuits import node_influence
+
+    model = tiny_model("gemma2")
+    tc = random_transcoders(2, model.config.hidden_size, 20, hooks=HOOKS["gemma2"], jumprelu=True)
+    graph = attribute(model, tc, IDS, max_feature_nodes=30, rows_to=tmp_path / "adjacency.npy")
+    whole = compute_influence(normalize_matrix(graph.adjacency_matrix), graph.logit_weights())
+    monkeypatch.setattr(module, "BLOCK_ROWS", 10 ** 9)
+    at_once, scores_at_once = prune_graph(graph, 0.7, 0.9), graph_scores(graph)
+    monkeypatch.setattr(module, "BLOCK_ROWS", 3)
+    blocked = node_influence(graph)
+    assert (blocked - whole).abs().max() <= 1e-5 * whole.abs().max()
+    pruned = prune_graph(graph, 0.7, 0.9)
+    assert torch.equal(pruned.node_mask, at_once.node_mask) and torch.equal(pruned.edge_mask, at_once.edge_mask)
+    assert pruned.edge_mask.any() and not pruned.node_mask.all()
+    assert graph_scores(graph) == pytest.approx(scores_at_once, rel=1e-5)
