@@ -182,8 +182,9 @@ class ReplacementModel:
                         cat(layer, none), cat(pos, none), errors, seen[self.embed][0].to(tc.dtype))
 
     def linear_pass(self, input_ids: torch.Tensor):
-        """The forward pass of the local replacement model on the prompt, with the graph kept:
-        (the input hook's tensor per layer, the output hook's per layer, the embedding's, the final norm's)."""
+        """The forward pass of the local replacement model on the prompt, with the graph kept: (the input hook's
+        tensor per layer, the output hook's per layer, the embedding's, the final norm's, the number of elements of
+        the largest frozen tensor: a batched backward pass may hold a copy of it per target)."""
         tc = self.transcoders
         inputs, outputs = {}, {}
         held = {}
@@ -192,6 +193,7 @@ class ReplacementModel:
         frozen = set(self.frozen)
 
         def detach(x, name):
+            held["largest"] = max(held.get("largest", 0), x.numel())
             return x.detach()
 
         def read_input(x, name):
@@ -220,7 +222,7 @@ class ReplacementModel:
         with torch.enable_grad(), self.model.hooks(hooks):
             self.model(input_ids=input_ids[None])
         return ([inputs[l] for l in range(self.n_layers)], [outputs[l] for l in range(self.n_layers)],
-                held["embed"], held["final"])
+                held["embed"], held["final"], held.get("largest", 0))
 
 
 class _Rows:
@@ -228,7 +230,8 @@ class _Rows:
 
     def __init__(self, replacement: ReplacementModel, prepared: Prepared):
         self.r, self.p = replacement, prepared
-        self.inputs, self.outputs, self.embed, self.final = replacement.linear_pass(prepared.input_ids)
+        self.inputs, self.outputs, self.embed, self.final, self.largest_frozen = replacement.linear_pass(
+            prepared.input_ids)
         n_layers, n = replacement.n_layers, len(prepared.input_ids)
         self.n_active = len(prepared.active_features)
         self.width = self.n_active + (n_layers + 1) * n
@@ -236,10 +239,12 @@ class _Rows:
     def __call__(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """[k, width] rows for k targets: target j reads the stream at layer layers[j] (n_layers: the
         final norm's output) and position positions[j] through vectors[j]. The backward pass returns a gradient
-        [n, h] per target at every output hook and the embedding at once, so targets go through it in groups
-        that keep those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
+        [n, h] per target at every output hook and the embedding at once (and the vectorised backward pass of
+        `pattern @ values` expands the frozen pattern per target), so targets go through it in groups that keep
+        those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
         n, h = self.embed.shape[-2:]
-        per_target = 2 * (self.r.n_layers + 1) * n * h * self.embed.element_size()  # gradients and cotangents
+        # gradients and cotangents at every layer, and the frozen attention pattern a batched matmul expands
+        per_target = (2 * (self.r.n_layers + 1) * n * h + self.largest_frozen) * self.embed.element_size()
         group = max(1, GRADIENT_BYTES // per_target)
         rows = torch.zeros(len(layers), self.width, dtype=self.r.transcoders.dtype, device=vectors.device)
         for start in range(0, len(layers), group):

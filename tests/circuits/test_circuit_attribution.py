@@ -96,7 +96,8 @@ def test_rows_in_groups_under_the_gradient_budget_are_the_same(monkeypatch):
     model = tiny_model("llama")
     tc = random_transcoders(2, model.config.hidden_size, 20, kind="cross_layer_transcoder")
     whole = attribute(model, tc, IDS, batch_size=16)
-    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * 2 * 3 * len(IDS) * model.config.hidden_size * 4)
+    pattern = model.config.num_attention_heads * len(IDS) ** 2
+    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * (2 * 3 * len(IDS) * model.config.hidden_size + pattern) * 4)
     grouped = attribute(model, tc, IDS, batch_size=16)
     assert torch.equal(grouped.adjacency_matrix, whole.adjacency_matrix)
 
