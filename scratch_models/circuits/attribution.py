@@ -38,10 +38,11 @@ W_U[:, b]), used as given (token targets are demeaned over the vocabulary, as ci
 **Long prompts.** No matrix that grows with the number of active features squared, or with max_feature_nodes times
 it, is held. Each batch of rows goes to disk as it is computed (rows.py: `rows_dir=`, or a temporary directory), and
 the influence-ranked visit reads them back a batch at a time for each ranking (graph.influence_over_rows: the same
-series circuit-tracer sums, a matrix-vector product per term, summed over the batches). A batch's working set is
-bounded whatever the prompt: the backward pass's gradients and their cotangents go in groups under GRADIENT_BYTES,
-the decoder vectors are gathered GATHER_BYTES at a time (never one [h] vector per active feature held). What grows
-with the prompt: a batch's rows (batch_size x every active feature), the active features' indices, and the graph
+series circuit-tracer sums, a matrix-vector product per term, summed over the batches). A backward pass's working
+set stays under GRADIENT_BYTES: a batch's targets go through in groups (at least one target, whose gradients are
+(layers + 1) x tokens x hidden floats), and the decoder vectors are gathered GATHER_BYTES at a time (never one [h]
+vector per active feature held). What grows with the prompt: a batch's rows (batch_size x every active feature,
+float32), the active features' indices, the forward pass kept for the backward passes, and the graph
 itself: its adjacency [N, N] over the kept nodes (max_feature_nodes + (n_layers + 1) x n + logits), in memory or
 memory-mapped from the .npy file `rows_to` (written from the stored rows at the end). Pruning and influence read it
 a block of rows at a time (graph.py). `rows_dir` also makes a run resumable: the same call continues from the rows
