@@ -88,10 +88,16 @@ class RowStore:
         self.count += 1
 
     def nodes(self, batch: int) -> torch.Tensor:
-        return torch.from_numpy(np.load(self._path(batch, ".nodes")))
+        return self._load(self._path(batch, ".nodes"))
 
     def rows(self, batch: int) -> torch.Tensor:
-        return torch.from_numpy(np.load(self._path(batch)))
+        return self._load(self._path(batch))
+
+    def _load(self, path: Path) -> torch.Tensor:
+        try:
+            return torch.from_numpy(np.load(path))
+        except (OSError, ValueError, EOFError) as e:  # a file cut short by a crash of the machine (no fsync here)
+            raise RowsError(f"{path}: unreadable ({e}): delete {self.directory} to start again") from None
 
     def blocks(self, batches: int):
         """A callable giving (nodes, rows) for the first `batches` batches, one batch read at a time (wanted(nodes)

@@ -232,6 +232,9 @@ def test_rows_of_other_settings_are_refused_naming_what_differs(tmp_path):
     other = random_transcoders(2, model.config.hidden_size, 20, seed=5)  # the same names, other numbers
     with pytest.raises(ValueError, match=r"other settings \(forward pass \(digest\): \"\w+\" there, \"\w+\" now\)"):
         attribute(model, other, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    (tmp_path / "batch-000001.npy").write_bytes(b"\x93NUMPY cut short")
+    with pytest.raises(ValueError, match=r"batch-000001.npy: unreadable \(.*\): delete .* to start again"):
+        attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
     (tmp_path.parent / "strange").mkdir()
     (tmp_path.parent / "strange" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"strange: holds notes.txt and no rows.json: not the rows of an attribution"):
