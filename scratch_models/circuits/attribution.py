@@ -35,19 +35,30 @@ W_U[:, b]), used as given (token targets are demeaned over the vocabulary, as ci
 **max_feature_nodes**: as circuit-tracer, the logit rows first, then features in batches, ranked again every
 `update_interval` batches by their influence on the logits through the rows computed so far.
 
-**Long prompts** (`rows_to=`): with every feature in the graph, each batch of rows goes straight to its place in a
-file-backed matrix (a numpy memmap .npy), so the process holds one batch of rows besides the forward pass; with
-max_feature_nodes the visited rows (max_feature_nodes of them) are held until their columns are chosen. Pruning
-and influence still read the whole matrix (graph.py).
+**Long prompts.** No matrix that grows with the number of active features squared, or with max_feature_nodes times
+it, is held. Each batch of rows goes to disk as it is computed (rows.py: `rows_dir=`, or a temporary directory), and
+the influence-ranked visit reads them back a batch at a time for each ranking (graph.influence_over_rows: the same
+series circuit-tracer sums, a matrix-vector product per term, summed over the batches). A backward pass's working
+set stays under GRADIENT_BYTES: a batch's targets go through in groups (at least one target, whose gradients are
+(layers + 1) x tokens x hidden floats), and the decoder vectors are gathered GATHER_BYTES at a time (never one [h]
+vector per active feature held). What grows with the prompt: a batch's rows (batch_size x every active feature,
+float32), the active features' indices, the forward pass kept for the backward passes, and the graph
+itself: its adjacency [N, N] over the kept nodes (max_feature_nodes + (n_layers + 1) x n + logits), in memory or
+memory-mapped from the .npy file `rows_to` (written from the stored rows at the end). Pruning and influence read it
+a block of rows at a time (graph.py). `rows_dir` also makes a run resumable: the same call continues from the rows
+there, bitwise (rows.py).
 """
 
+import contextlib
 import dataclasses
+import tempfile
 from collections.abc import Sequence
 
 import torch
 
 from ..parts.norms import Norm
-from .graph import Graph, partial_influences
+from .graph import Graph, influence_over_rows
+from .rows import RowsError, RowStore, digest
 from .transcoders import Transcoders
 
 
@@ -59,18 +70,40 @@ class Prepared:
     logits: torch.Tensor  # [V] at the last position
     active_features: torch.Tensor  # [A, 3] (layer, position, feature), lexicographic
     activation_values: torch.Tensor  # [A]
-    encoder_vecs: torch.Tensor  # [A, h] W_enc rows of the active features
-    # one entry per (active feature, output layer it writes): which feature, the output layer, the position, and the
-    # decoder row times the activation
+    # one entry per (active feature, output layer it writes): which feature, the output layer, the position (its
+    # vector, the decoder row times the activation, is gathered when a batch of rows needs it: held for every entry
+    # it would be A x h floats, as large as the rows of a few hundred targets on a long prompt)
     decoder_feature: torch.Tensor  # [D]
     decoder_layer: torch.Tensor  # [D]
     decoder_pos: torch.Tensor  # [D]
-    decoder_vecs: torch.Tensor  # [D, h]
     errors: torch.Tensor  # [L, n, h]
     token_vectors: torch.Tensor  # [n, h]
 
+    def encoder_vectors(self, transcoders: Transcoders, chosen: torch.Tensor) -> torch.Tensor:
+        """[k, h] the W_enc rows of active features `chosen`."""
+        layer, feature = self.active_features[chosen, 0], self.active_features[chosen, 2]
+        out = transcoders.W_enc[0].new_empty(len(chosen), transcoders.d_model)
+        for l in layer.unique().tolist():
+            at = layer == l
+            out[at] = transcoders.W_enc[l][feature[at]]
+        return out
 
-GRADIENT_BYTES = 2 ** 31  # at most this much of gradients per backward pass (see _Rows.__call__)
+    def decoder_vectors(self, transcoders: Transcoders, entries: torch.Tensor) -> torch.Tensor:
+        """[k, h] what decoder `entries` write: each one's decoder row into its output layer times the activation."""
+        features = self.decoder_feature[entries]
+        source, feature = self.active_features[features, 0], self.active_features[features, 2]
+        target = self.decoder_layer[entries]
+        out = transcoders.W_enc[0].new_empty(len(entries), transcoders.d_model)
+        for s, m in torch.stack([source, target], 1).unique(dim=0).tolist():
+            at = (source == s) & (target == m)
+            out[at] = transcoders.decoder(s, m)[feature[at]] * self.activation_values[features[at]][:, None]
+        return out
+
+
+# at most this much of gradients and their cotangents per backward pass (see _Rows.__call__): the working set of
+# a batch of rows grows with the prompt's length, so a long prompt's batch goes through in groups
+GRADIENT_BYTES = 2 ** 29
+GATHER_BYTES = 2 ** 27  # at most this much of gradients gathered at the decoder entries' positions at once
 
 
 def frozen_points(model) -> tuple[list[str], list[str]]:
@@ -128,8 +161,7 @@ class ReplacementModel:
             values.append(acts[found[:, 0], found[:, 1]])
         active_features, activation_values = torch.cat(active), torch.cat(values)
         start = torch.tensor([0, *torch.tensor([len(a) for a in active]).cumsum(0).tolist()])
-        encoder = torch.cat([tc.W_enc[l][active[l][:, 2]] for l in range(n_layers)])
-        feature, layer, pos, vecs = [], [], [], []
+        feature, layer, pos = [], [], []
         errors = torch.zeros(n_layers, len(input_ids), tc.d_model, dtype=tc.dtype, device=xs[0].device)
         for m in range(n_layers):  # entries by output layer, each source layer's in feature order
             recons = torch.zeros_like(errors[m])
@@ -141,21 +173,19 @@ class ReplacementModel:
                 feature.append(torch.arange(start[source], start[source + 1], device=scaled.device))
                 layer.append(torch.full_like(feature[-1], m))
                 pos.append(active[source][:, 1])
-                vecs.append(scaled)
             skip = tc.skip(m, xs[m])
             recons = recons + tc.b_dec[m] if skip is None else recons + skip + tc.b_dec[m]
             errors[m] = seen[self.outputs[m]][0].to(tc.dtype) - recons
         errors[:, self.zero_positions] = 0
         none = torch.zeros(0, dtype=torch.long)
         cat = (lambda parts, empty: torch.cat(parts) if parts else empty)
-        return Prepared(input_ids, out.logits[0, -1], active_features, activation_values, encoder,
-                        cat(feature, none), cat(layer, none), cat(pos, none),
-                        cat(vecs, torch.zeros(0, tc.d_model, dtype=tc.dtype)), errors,
-                        seen[self.embed][0].to(tc.dtype))
+        return Prepared(input_ids, out.logits[0, -1], active_features, activation_values, cat(feature, none),
+                        cat(layer, none), cat(pos, none), errors, seen[self.embed][0].to(tc.dtype))
 
     def linear_pass(self, input_ids: torch.Tensor):
-        """The forward pass of the local replacement model on the prompt, with the graph kept:
-        (the input hook's tensor per layer, the output hook's per layer, the embedding's, the final norm's)."""
+        """The forward pass of the local replacement model on the prompt, with the graph kept: (the input hook's
+        tensor per layer, the output hook's per layer, the embedding's, the final norm's, the number of elements of
+        the largest frozen tensor: a batched backward pass may hold a copy of it per target)."""
         tc = self.transcoders
         inputs, outputs = {}, {}
         held = {}
@@ -164,6 +194,7 @@ class ReplacementModel:
         frozen = set(self.frozen)
 
         def detach(x, name):
+            held["largest"] = max(held.get("largest", 0), x.numel())
             return x.detach()
 
         def read_input(x, name):
@@ -192,7 +223,7 @@ class ReplacementModel:
         with torch.enable_grad(), self.model.hooks(hooks):
             self.model(input_ids=input_ids[None])
         return ([inputs[l] for l in range(self.n_layers)], [outputs[l] for l in range(self.n_layers)],
-                held["embed"], held["final"])
+                held["embed"], held["final"], held.get("largest", 0))
 
 
 class _Rows:
@@ -200,7 +231,8 @@ class _Rows:
 
     def __init__(self, replacement: ReplacementModel, prepared: Prepared):
         self.r, self.p = replacement, prepared
-        self.inputs, self.outputs, self.embed, self.final = replacement.linear_pass(prepared.input_ids)
+        self.inputs, self.outputs, self.embed, self.final, self.largest_frozen = replacement.linear_pass(
+            prepared.input_ids)
         n_layers, n = replacement.n_layers, len(prepared.input_ids)
         self.n_active = len(prepared.active_features)
         self.width = self.n_active + (n_layers + 1) * n
@@ -208,15 +240,22 @@ class _Rows:
     def __call__(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """[k, width] rows for k targets: target j reads the stream at layer layers[j] (n_layers: the
         final norm's output) and position positions[j] through vectors[j]. The backward pass returns a gradient
-        [n, h] per target at every output hook and the embedding at once, so targets go through it in groups
-        that keep those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
+        [n, h] per target at every output hook and the embedding at once (and the vectorised backward pass of
+        `pattern @ values` expands the frozen pattern per target), so targets go through it in groups that keep
+        those under GRADIENT_BYTES (the rows are the same whatever the grouping)."""
         n, h = self.embed.shape[-2:]
-        per_target = (self.r.n_layers + 1) * n * h * self.embed.element_size()
+        # gradients and cotangents at every layer, and the frozen attention pattern a batched matmul expands
+        per_target = (2 * (self.r.n_layers + 1) * n * h + self.largest_frozen) * self.embed.element_size()
         group = max(1, GRADIENT_BYTES // per_target)
-        if len(layers) > group:
-            return torch.cat([self(*parts) for parts in zip(layers.split(group), positions.split(group),
-                                                             vectors.split(group))])
-        k = len(layers)
+        rows = torch.zeros(len(layers), self.width, dtype=self.r.transcoders.dtype, device=vectors.device)
+        for start in range(0, len(layers), group):
+            part = slice(start, start + group)
+            self._fill(rows[part], layers[part], positions[part], vectors[part])
+        return rows
+
+    def _fill(self, rows: torch.Tensor, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor):
+        """One backward pass for k targets, their rows added into `rows` [k, width] (zeros)."""
+        k, h = len(layers), self.embed.shape[-1]
         n_layers, p = self.r.n_layers, self.p
         outs, grads = [], []
         for layer in layers.unique().tolist():
@@ -231,23 +270,22 @@ class _Rows:
         got = torch.autograd.grad(outs, [*sources, self.embed], grads, retain_graph=True, allow_unused=True,
                                   is_grads_batched=True)
         *out_grads, embed_grad = [None if g is None else g[:, 0] for g in got]
-        dtype = p.decoder_vecs.dtype
-        rows = torch.zeros(k, self.width, dtype=dtype, device=vectors.device)
+        dtype = rows.dtype
         n = len(p.input_ids)
+        gathered = max(1, GATHER_BYTES // (k * h * rows.element_size()))
         for m, g in enumerate(out_grads):
             if g is None:
                 continue
             g = g.to(dtype)
-            at = (p.decoder_layer == m).nonzero()[:, 0]
-            if len(at):
-                contributions = torch.einsum("bkh,kh->bk", g[:, p.decoder_pos[at]], p.decoder_vecs[at])
+            for at in (p.decoder_layer == m).nonzero()[:, 0].split(gathered):
+                contributions = torch.einsum("bkh,kh->bk", g[:, p.decoder_pos[at]],
+                                             p.decoder_vectors(self.r.transcoders, at))
                 rows.index_add_(1, p.decoder_feature[at], contributions)
             start = self.n_active + m * n
             rows[:, start:start + n] = torch.einsum("bnh,nh->bn", g, p.errors[m])
         if embed_grad is not None:
             start = self.n_active + n_layers * n
             rows[:, start:start + n] = torch.einsum("bnh,nh->bn", embed_grad.to(dtype), p.token_vectors)
-        return rows
 
 
 def decode(model, ids: list[int]) -> str:
@@ -329,13 +367,16 @@ def _one_token(model, text: str) -> int:
 
 def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets=None, max_n_logits: int = 10,
               desired_logit_prob: float = 0.95, batch_size: int = 512, max_feature_nodes: int | None = None,
-              update_interval: int = 4, zero_positions: slice = slice(0, 1), rows_to=None,
-              progress=None) -> Graph:
+              update_interval: int = 4, zero_positions: slice = slice(0, 1), rows_to=None, rows_dir=None,
+              identity: dict | None = None, progress=None) -> Graph:
     """The attribution graph of `input_ids` ([n] token ids, position 0 the BOS-like token circuit-tracer prepends:
-    it gets no features) under `transcoders`; see the module's docstring. `rows_to`: a path for the rows of the
-    adjacency matrix (a float32 numpy memmap), instead of memory. `progress(done, total)`: called after each batch
-    of feature rows. `zero_positions`: the positions given no features and no error (circuit-tracer's: the BOS);
-    slice(0, 0) gives every position its nodes, so each row sums to what its target reads."""
+    it gets no features) under `transcoders`; see the module's docstring. `rows_to`: a path for the adjacency matrix
+    (a float32 numpy memmap .npy), instead of memory. `rows_dir`: a directory that keeps the rows as they are
+    computed (rows.py): a rerun with the same arguments continues from them, and one with others is refused naming
+    what differs; `identity`: what else names the run there (the command line's model and transcoders), JSON values.
+    Without rows_dir they go to a temporary directory, removed at the end. `progress(done, total)`: called after each
+    batch of feature rows. `zero_positions`: the positions given no features and no error (circuit-tracer's: the
+    BOS); slice(0, 0) gives every position its nodes, so each row sums to what its target reads."""
     input_ids = torch.as_tensor(input_ids).reshape(-1)
     if input_ids.ndim != 1 or len(input_ids) < 2:
         raise ValueError(f"attribute takes one prompt of at least 2 token ids (a BOS-like token first), "
@@ -354,8 +395,19 @@ def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets
         prepared = replacement.prepare(input_ids)
         targets = logit_targets(replacement, prepared.logits, attribution_targets, max_n_logits=max_n_logits,
                                 desired_logit_prob=desired_logit_prob, decode=lambda i: decode(model, [i]))
-        graph = _build(replacement, prepared, targets, batch_size, max_feature_nodes, update_interval, rows_to,
-                       progress)
+        settings = {**(identity or {}), "input_ids": input_ids.tolist(),
+                    "targets": [index for _, index in targets.labels],
+                    "max_feature_nodes": max_feature_nodes, "batch_size": batch_size,
+                    "update_interval": update_interval, "zero_positions": [zero_positions.start, zero_positions.stop],
+                    "dtype": str(transcoders.dtype), "device": str(input_ids.device),
+                    # the forward pass's numbers: other weights, or a run that rounds otherwise, give other rows
+                    "forward pass (digest)": digest(prepared.active_features, prepared.activation_values,
+                                                    prepared.logits, targets.vectors, targets.probabilities)}
+        with (contextlib.nullcontext(rows_dir) if rows_dir is not None
+              else tempfile.TemporaryDirectory(prefix="attribution-rows-")) as directory:
+            store = RowStore(directory, settings)
+            graph = _build(replacement, prepared, targets, store, batch_size, max_feature_nodes, update_interval,
+                           rows_to, progress)
         graph.input_string = decode(model, input_ids.tolist())
         return graph
     finally:
@@ -364,7 +416,11 @@ def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets
             p.requires_grad_(r)
 
 
-def _build(replacement, prepared, targets, batch_size, max_feature_nodes, update_interval, rows_to, progress):
+def _build(replacement, prepared, targets, store, batch_size, max_feature_nodes, update_interval, rows_to, progress):
+    """The rows, a batch at a time into `store` (read back from it where a killed run left them), then the adjacency
+    from the stored rows. max_feature_nodes below the number active: circuit-tracer's influence-ranked visit, the
+    logit rows first, then features in batches ranked again every `update_interval` batches by their influence on
+    the logits through the rows stored so far (graph.influence_over_rows, a batch read at a time)."""
     n_layers, n = replacement.n_layers, len(prepared.input_ids)
     total_active = len(prepared.active_features)
     logit_offset = total_active + (n_layers + 1) * n
@@ -372,58 +428,64 @@ def _build(replacement, prepared, targets, batch_size, max_feature_nodes, update
     max_feature_nodes = min(max_feature_nodes or total_active, total_active)
     rows = _Rows(replacement, prepared)
     layers, positions = prepared.active_features[:, 0], prepared.active_features[:, 1]
-    dtype = prepared.decoder_vecs.dtype
+    dtype = replacement.transcoders.dtype
+    batches = 0
 
-    def logit_rows():
-        for i in range(0, n_logits, batch_size):
-            vecs = targets.vectors[i:i + batch_size].to(dtype)
-            k = len(vecs)
-            yield i, rows(torch.full((k,), n_layers), torch.full((k,), n - 1), vecs).float()
+    def visit(nodes, compute):
+        nonlocal batches
+        if batches < len(store):
+            if not torch.equal(store.nodes(batches), nodes.cpu()):  # the settings and numbers matched: a bug
+                raise RowsError(f"{store.directory}: batch {batches} holds the rows of other nodes than this run "
+                                f"visits; delete {store.directory} to start again")
+        else:
+            store.append(nodes, compute())
+        batches += 1
 
-    def feature_rows(chosen):
-        return rows(layers[chosen], positions[chosen], prepared.encoder_vecs[chosen]).float()
-
-    if max_feature_nodes == total_active:
-        # every feature, in order: each batch of rows goes straight to its place in the adjacency matrix
-        size = logit_offset + n_logits
-        adjacency = _storage(size, rows_to)
-        for i, block in logit_rows():
-            adjacency[size - n_logits + i:size - n_logits + i + len(block), :logit_offset] = block
-        for chosen in torch.arange(total_active).split(batch_size):
-            adjacency[chosen[0]:chosen[-1] + 1, :logit_offset] = feature_rows(chosen)
-            if progress is not None:
-                progress(int(chosen[-1]) + 1, total_active)
-        selected = torch.arange(total_active)
-    else:  # circuit-tracer's influence-ranked visit: rows kept in the order visited, ranked again as they come
-        edge = torch.zeros(max_feature_nodes + n_logits, logit_offset + n_logits)
-        row_node = torch.zeros(max_feature_nodes + n_logits, dtype=torch.long)
-        for i, block in logit_rows():
-            edge[i:i + len(block), :logit_offset] = block
-            row_node[i:i + len(block)] = torch.arange(i, i + len(block)) + logit_offset
-        st, visited = n_logits, torch.zeros(total_active, dtype=torch.bool)
-        while st - n_logits < max_feature_nodes:
-            influence = partial_influences(edge[:st], targets.probabilities.float(), row_node[:st])
+    for i in range(0, n_logits, batch_size):
+        vectors = targets.vectors[i:i + batch_size].to(dtype)
+        k = len(vectors)
+        visit(torch.arange(i, i + k) + logit_offset,
+              lambda: rows(torch.full((k,), n_layers), torch.full((k,), n - 1), vectors).float())
+    weights = torch.zeros(logit_offset + n_logits)
+    weights[logit_offset:] = targets.probabilities.float()
+    visited, done = torch.zeros(total_active, dtype=torch.bool), 0
+    while done < max_feature_nodes:
+        if max_feature_nodes == total_active:  # every feature, in order
+            chosen = torch.arange(total_active)
+        else:
+            blocks = store.blocks(batches)
+            influence = influence_over_rows(lambda wanted: ((nodes, _normalized(block))
+                                                            for nodes, block in blocks(wanted)),
+                                            weights, max_iter=128)
             rank = torch.argsort(influence[:total_active], descending=True)
-            left = max_feature_nodes - (st - n_logits)
-            for chosen in rank[~visited[rank]][:min(update_interval * batch_size, left)].split(batch_size):
-                edge[st:st + len(chosen), :logit_offset] = feature_rows(chosen)
-                row_node[st:st + len(chosen)] = chosen
-                visited[chosen] = True
-                st += len(chosen)
-                if progress is not None:
-                    progress(st - n_logits, max_feature_nodes)
-        selected = visited.nonzero()[:, 0]
-        edge = edge[:, torch.cat([selected, torch.arange(total_active, logit_offset + n_logits)])]
-        edge = edge[row_node.argsort()]
-        size = edge.shape[1]
-        adjacency = _storage(size, rows_to)
-        adjacency[:max_feature_nodes] = edge[:max_feature_nodes]
-        adjacency[size - n_logits:] = edge[max_feature_nodes:]
+            chosen = rank[~visited[rank]][:min(update_interval * batch_size, max_feature_nodes - done)]
+        for part in chosen.split(batch_size):
+            visit(part, lambda: rows(layers[part], positions[part], prepared.encoder_vectors(
+                replacement.transcoders, part)).float())
+            visited[part] = True
+            done += len(part)
+            if progress is not None:
+                progress(done, max_feature_nodes)
+    selected = visited.nonzero()[:, 0]
+    keep = torch.cat([selected, torch.arange(total_active, logit_offset)])  # the columns of the graph's nodes
+    size = len(keep) + n_logits
+    adjacency = _storage(size, rows_to)
+    for batch in range(batches):
+        nodes, block = store.nodes(batch), store.rows(batch)
+        at = torch.where(nodes < total_active, torch.searchsorted(selected, nodes), nodes - logit_offset + len(keep))
+        adjacency[at, :len(keep)] = block[:, keep]
     return Graph(input_tokens=prepared.input_ids.cpu(), active_features=prepared.active_features.cpu(),
                  activation_values=prepared.activation_values.float().cpu(), selected_features=selected,
                  adjacency_matrix=adjacency, logit_targets=targets.labels,
                  logit_probabilities=targets.probabilities.float().cpu(), n_layers=n_layers,
                  vocab_size=replacement.model.config.vocab_size, scan=replacement.transcoders.cfg.scan)
+
+
+def _normalized(rows: torch.Tensor) -> torch.Tensor:
+    """graph.normalize_matrix with circuit-tracer's eps for the partial influences, in place (the rows read from
+    disk are ours: no second copy of a batch)."""
+    rows.abs_()
+    return rows.div_(rows.sum(dim=1, keepdim=True).clamp(min=1e-8))
 
 
 def _storage(size: int, rows_to) -> torch.Tensor:

@@ -52,50 +52,68 @@ class Graph:
         return cls(**torch.load(path, weights_only=False))
 
 
-def normalize_matrix(matrix: torch.Tensor) -> torch.Tensor:
+BLOCK_ROWS = 1024  # rows of the adjacency read at a time by influence, pruning and the scores
+
+
+def normalize_matrix(matrix: torch.Tensor, eps: float = 1e-10) -> torch.Tensor:
+    """|matrix| with each row scaled to sum 1 (an all-zero row stays 0)."""
     absolute = matrix.abs()
-    return absolute / absolute.sum(dim=1, keepdim=True).clamp(min=1e-10)
+    return absolute / absolute.sum(dim=1, keepdim=True).clamp(min=eps)
+
+
+def influence_over_rows(blocks, weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
+    """w Â + w Â² + ..., summed until a term is all zeros, where Â's rows that can be nonzero come from `blocks`:
+    blocks(wanted) yields (node indices [k], normalised rows [k, <= len(w)]), skipping the rows whose nodes
+    wanted(nodes) says carry no weight in the current term (they add nothing). One block of rows is held at a time:
+    a term is one pass over the blocks (a graph has no cycles, so at most its depth of passes)."""
+    width = len(weights)
+    current, influence = weights, torch.zeros(width)
+    for _ in range(max_iter):
+        following = torch.zeros(width)
+        for nodes, rows in blocks(lambda nodes: bool(current[nodes].any())):
+            following[:rows.shape[1]] += current[nodes] @ rows
+        if not following.any():
+            return influence
+        influence = influence + following
+        current = following
+    raise RuntimeError(f"influence did not converge in {max_iter} iterations: the graph has a cycle")
 
 
 def compute_influence(A: torch.Tensor, logit_weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
     """w A + w A² + ..., summed until a term is all zeros (a graph has no cycles: at most depth terms)."""
-    current = logit_weights @ A
-    influence = current
-    for _ in range(max_iter):
-        if not current.any():
-            return influence
-        current = current @ A
-        influence = influence + current
-    raise RuntimeError(f"influence did not converge in {max_iter} iterations: the graph has a cycle")
+    every = torch.arange(len(A))
+    return influence_over_rows(lambda wanted: iter([(every, A)]), logit_weights, max_iter)
+
+
+def _row_blocks(graph: Graph, transform=None):
+    """blocks(wanted) over the rows of the graph's adjacency that can be nonzero (features and logits: nothing feeds
+    errors and tokens), BLOCK_ROWS at a time, as float32 tensors passed through transform(nodes, rows)."""
+    N, n_logits = graph.adjacency_matrix.shape[0], len(graph.logit_targets)
+    ranges = [(0, len(graph.selected_features)), (N - n_logits, N)]
+
+    def read(wanted=None):
+        for start, stop in ranges:
+            for i in range(start, stop, BLOCK_ROWS):
+                nodes = torch.arange(i, min(i + BLOCK_ROWS, stop))
+                if wanted is None or wanted(nodes):
+                    rows = graph.adjacency_matrix[i:i + len(nodes)].float()
+                    yield nodes, rows if transform is None else transform(nodes, rows)
+    return read
 
 
 def node_influence(graph: Graph) -> torch.Tensor:
-    return compute_influence(normalize_matrix(graph.adjacency_matrix), graph.logit_weights())
+    return influence_over_rows(_row_blocks(graph, lambda nodes, rows: normalize_matrix(rows)), graph.logit_weights())
 
 
-def partial_influences(edge: torch.Tensor, logit_p: torch.Tensor, row_node: torch.Tensor,
-                       max_iter: int = 128) -> torch.Tensor:
-    """Influence through the rows computed so far (`edge`, row j the node row_node[j]): how circuit-tracer ranks
-    the features still to visit when max_feature_nodes is below the number active."""
-    normalized = edge.abs()
-    normalized /= normalized.sum(dim=1, keepdim=True).clamp(min=1e-8)
-    influences = torch.zeros(edge.shape[1])
-    prod = torch.zeros(edge.shape[1])
-    prod[-len(logit_p):] = logit_p
-    for _ in range(max_iter):
-        prod = prod[row_node] @ normalized
-        if not prod.any():
-            return influences
-        influences += prod
-    raise RuntimeError("partial influences did not converge")
-
-
-def _threshold(scores: torch.Tensor, fraction: float) -> torch.Tensor:
-    """The score at which the largest scores make up `fraction` of the total."""
+def _threshold(scores: torch.Tensor, fraction: float, zeros: int = 0) -> torch.Tensor:
+    """The score at which the largest scores make up `fraction` of the total, over `scores` and `zeros` more 0s
+    (left out of the sort: they add nothing to the total)."""
     ordered = torch.sort(scores, descending=True).values
     cumulative = torch.cumsum(ordered, dim=0) / ordered.sum()
-    index = min(int(torch.searchsorted(cumulative, fraction).item()), len(cumulative) - 1)
-    return ordered[index]
+    index = int(torch.searchsorted(cumulative, fraction).item())
+    if index < len(ordered):
+        return ordered[index]
+    return ordered.new_zeros(()) if zeros else ordered[-1]
 
 
 @dataclasses.dataclass
@@ -106,21 +124,36 @@ class Pruned:
 
 
 def prune_graph(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
+    """circuit-tracer's prune_graph, reading the adjacency a block of rows at a time (it may be a memory-mapped
+    file): the edge scores of the rows that can be nonzero are held (features and logits: max_feature_nodes + the
+    logits times N), and the masks."""
     for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be between 0.0 and 1.0, got {value}")
     n_tokens, n_logits, n_features = graph.n_pos, len(graph.logit_targets), len(graph.selected_features)
+    N = graph.adjacency_matrix.shape[0]
     weights = graph.logit_weights()
     influence = node_influence(graph)
     node_mask = influence >= _threshold(influence, node_threshold)
     node_mask[-n_logits - n_tokens:] = True
-    pruned = graph.adjacency_matrix.clone()
-    pruned[~node_mask] = 0
-    pruned[:, ~node_mask] = 0
-    normalized = normalize_matrix(pruned)
-    edge_scores = normalized * (compute_influence(normalized, weights) + weights)[:, None]
-    edge_mask = edge_scores >= _threshold(edge_scores.flatten(), edge_threshold)
-    inner = slice(0, node_mask.shape[0] - n_logits - n_tokens)
+
+    def pruned(nodes, rows):  # the adjacency with the rows and columns of the pruned nodes 0
+        rows = rows.masked_fill(~node_mask, 0)
+        rows[~node_mask[nodes]] = 0
+        return normalize_matrix(rows)
+
+    blocks = _row_blocks(graph, pruned)
+    output = influence_over_rows(blocks, weights) + weights
+    scored, scores = [], []
+    for nodes, rows in blocks():
+        scored.append(nodes)
+        scores.append(rows * output[nodes, None])
+    scored, scores = torch.cat(scored), torch.cat(scores)
+    threshold = _threshold(scores.flatten(), edge_threshold, zeros=N * N - scores.numel())
+    edge_mask = torch.full((N, N), bool(threshold <= 0))  # the rows not scored score 0
+    edge_mask[scored] = scores >= threshold
+    del scores
+    inner = slice(0, N - n_logits - n_tokens)
 
     def drop_unconnected():
         node_mask[inner] &= edge_mask[:, inner].any(0)  # features and errors need an outgoing edge
@@ -143,16 +176,18 @@ def prune_graph(graph: Graph, node_threshold: float = 0.8, edge_threshold: float
 def graph_scores(graph: Graph) -> tuple[float, float]:
     """(replacement score, completeness score), as circuit-tracer's compute_graph_scores: the share of the tokens'
     influence on the logits that does not pass through error nodes, and the influence-weighted share of every
-    node's inputs that do not come from error nodes."""
+    node's inputs that do not come from error nodes. A block of rows at a time."""
     n_features = len(graph.selected_features)
     error_end = n_features + graph.n_pos * graph.n_layers
     token_end = error_end + graph.n_pos
     weights = graph.logit_weights()
-    normalized = normalize_matrix(graph.adjacency_matrix)
-    influence = compute_influence(normalized, weights)
+    blocks = _row_blocks(graph, lambda nodes, rows: normalize_matrix(rows))
+    influence = influence_over_rows(blocks, weights)
     token, error = influence[error_end:token_end].sum(), influence[n_features:error_end].sum()
     replacement = token / (token + error)
-    non_error = 1 - normalized[:, n_features:error_end].sum(dim=-1)
+    non_error = torch.ones(len(weights))  # a row that is all 0 has no input from errors
+    for nodes, normalized in blocks():
+        non_error[nodes] = 1 - normalized[:, n_features:error_end].sum(dim=-1)
     output = influence + weights
     completeness = (non_error * output).sum() / output.sum()
     return replacement.item(), completeness.item()

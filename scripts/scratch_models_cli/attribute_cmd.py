@@ -8,19 +8,26 @@ TRANSCODERS: a directory in circuit-tracer's layout (config.yaml + its files) or
 BOS-like token in front where its first token is not special, as circuit-tracer's ensure_tokenized does. OUT gets
 graph.pt, circuit-tracer's frontend files ({slug}.json, graph-metadata.json), graph.html (our offline page of the
 pruned graph: scratch_models.views.graph_page; a feature's top corpus contexts from `--features` runs) and
-summary.json (the replacement and completeness scores, the logit targets, the counts), each written whole and moved into place together at the end;
+summary.json (the replacement and completeness scores, the logit targets, the counts), each written whole and moved
+into place together at the end;
 a directory another command is writing into is refused (the command line takes OUT's lock, and makes OUT, before
 the model loads).
+
+Resumable: the rows go to OUT/.attribute-partial/rows a batch at a time as they are computed (circuits/rows.py),
+and the adjacency to a memory-mapped file beside them. Killed at any moment, the same command continues from the
+rows there and writes the graph an uninterrupted run writes, bitwise; a rerun with another model, transcoders,
+prompt or setting that decides the rows is refused naming each that differs (the pruning thresholds and --slug
+do not decide them: they may change). The partial directory goes once the files are in place.
 """
 
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
 SUMMARY, GRAPH, PAGE = "summary.json", "graph.pt", "graph.html"
+PARTIAL = ".attribute-partial"  # in OUT: the rows of a run not yet finished, and the files staged before their move
 
 
 def add_parser(commands, model_help: str) -> None:
@@ -87,16 +94,21 @@ def run(args) -> int:
     inputs, _ = transcoders.sites(model)  # a set for another model: refused before any work
     out = Path(args.out).expanduser()  # made by its lock (cli.main)
     contexts = _contexts(args.features, inputs, transcoders.d_transcoder, model, out)
-    staging = out / f".attribute-{os.getpid()}"
+    partial = out / PARTIAL
+    staging = partial / "staged"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    if (partial / "rows").is_dir():
+        print(f"the rows of an unfinished run are in {partial / 'rows'}: continuing them (refused if they were "
+              "made with other settings)", file=sys.stderr)
+    staging.mkdir(parents=True)
     try:
         started = time.time()
         bar = None if args.quiet else _bar()
         graph = attribute(model, transcoders, torch.tensor(ids, device=args.device),
                           max_n_logits=args.max_n_logits, desired_logit_prob=args.desired_logit_prob,
                           batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes,
-                          progress=bar)
+                          rows_dir=partial / "rows", rows_to=partial / "adjacency.npy",
+                          identity={"model": opened.source, "transcoders": str(args.transcoders)}, progress=bar)
         seconds = time.time() - started
         graph.to_pt(staging / GRAPH)
         scan = graph.scan if graph.scan is not None else str(args.transcoders)
@@ -125,8 +137,11 @@ def run(args) -> int:
             (staging / "graph-metadata.json").write_text(json.dumps(listed, indent=2))
         for file in staging.iterdir():
             file.replace(out / file.name)
+        shutil.rmtree(partial)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if partial.is_dir() and not any(partial.glob("rows/batch-*")):  # nothing computed to continue from
+            shutil.rmtree(partial, ignore_errors=True)
     print(f"{len(ids)} tokens, {len(graph.active_features)} active features ({len(graph.selected_features)} in the "
           f"graph), {len(graph.logit_targets)} logit targets; replacement score {replacement:.4f}, completeness "
           f"score {completeness:.4f}; {seconds:.1f} s")

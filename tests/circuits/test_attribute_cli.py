@@ -126,3 +126,48 @@ def test_progress_bar_counts_the_feature_rows(setup, tmp_path, capsys):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     err = capsys.readouterr().err
     assert "feature rows" in err and f"{summary['feature_nodes']}/{summary['feature_nodes']}" in err
+
+
+def test_killed_part_way_the_same_command_continues_to_the_same_files(setup, tmp_path, capsys):
+    """SIGKILL while the rows are written (each batch's write slowed so the kill lands in one), then the same
+    command: it continues from the batches kept and writes what an uninterrupted run writes, bitwise; nothing of
+    OUT's own files is there before. Another prompt into that OUT is refused naming the ids there and now."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root, _ = setup
+    args = ["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time there was", "--quiet",
+            "--batch-size", "2", "--max-feature-nodes", "40", "--max-n-logits", "3"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    out = tmp_path / "killed"
+    slow = ("import sys, time; from scratch_models.circuits import rows; save = rows._save; "
+            "rows._save = lambda path, array: (time.sleep(0.05), save(path, array)); "
+            "from scratch_models_cli.cli import main; sys.exit(main(sys.argv[1:]))")
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'scripts'}")
+    child = subprocess.Popen([sys.executable, "-c", slow, *args, "--out", str(out)], env=env)
+    rows = out / ".attribute-partial" / "rows"
+    deadline = time.time() + 120
+    while len(list(rows.glob("batch-*[0-9].npy"))) < 4 and child.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    kept = len(list(rows.glob("batch-*[0-9].npy")))
+    assert child.returncode == -signal.SIGKILL and 4 <= kept < 20  # 1 batch of logit rows, 20 of features
+    assert not {"graph.pt", "graph.json", "summary.json", "graph-metadata.json"} & {p.name for p in out.iterdir()}
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--quiet",
+                 "--batch-size", "2", "--max-feature-nodes", "40", "--max-n-logits", "3", "--out", str(out)]) == 2
+    assert re.search(r"other settings \(.*input_ids: \[[\d, ]+\] there, \[[\d, ]+\] now", capsys.readouterr().err)
+    assert main([*args, "--out", str(out)]) == 0
+    assert f"the rows of an unfinished run are in {out / '.attribute-partial' / 'rows'}" in capsys.readouterr().err
+    whole = tmp_path / "whole"
+    assert torch.equal(Graph.from_pt(out / "graph.pt").adjacency_matrix,
+                       Graph.from_pt(whole / "graph.pt").adjacency_matrix)
+    assert (out / "graph.json").read_text() == (whole / "graph.json").read_text()
+    ours, theirs = (json.loads((d / "summary.json").read_text()) for d in (out, whole))
+    assert {**ours, "seconds": 0} == {**theirs, "seconds": 0}
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in whole.iterdir())  # the partial is gone

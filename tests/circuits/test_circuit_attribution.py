@@ -96,7 +96,8 @@ def test_rows_in_groups_under_the_gradient_budget_are_the_same(monkeypatch):
     model = tiny_model("llama")
     tc = random_transcoders(2, model.config.hidden_size, 20, kind="cross_layer_transcoder")
     whole = attribute(model, tc, IDS, batch_size=16)
-    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * 3 * len(IDS) * model.config.hidden_size * 4)
+    pattern = model.config.num_attention_heads * len(IDS) ** 2
+    monkeypatch.setattr(module, "GRADIENT_BYTES", 2 * (2 * 3 * len(IDS) * model.config.hidden_size + pattern) * 4)
     grouped = attribute(model, tc, IDS, batch_size=16)
     assert torch.equal(grouped.adjacency_matrix, whole.adjacency_matrix)
 
@@ -179,3 +180,83 @@ def test_bad_input_is_refused_naming_it():
     bert = FAMILIES["bert"].lm(FAMILIES["bert"].tiny())
     with pytest.raises(ValueError, match="not one"):
         attribute(bert, random_transcoders(2, bert.config.hidden_size, 20), IDS)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("max_feature_nodes", [None, 25])
+def test_a_run_stopped_part_way_continues_from_its_rows_to_the_same_graph(tmp_path, monkeypatch, max_feature_nodes):
+    """Stopped after a few batches (and a half-written file left behind), the same call with the same rows_dir
+    computes only the rows still missing and gives the uninterrupted graph bitwise; with max_feature_nodes the
+    influence-ranked visit is replayed from the stored rows."""
+    from scratch_models.circuits import attribution as module
+
+    model = tiny_model("gemma2")
+    tc = random_transcoders(2, model.config.hidden_size, 20, hooks=HOOKS["gemma2"], jumprelu=True, skip=True)
+    options = dict(batch_size=4, max_feature_nodes=max_feature_nodes, update_interval=2)
+    whole = attribute(model, tc, IDS, **options)
+
+    def stop_after(batches):
+        def progress(done, total):
+            if done >= 4 * batches:
+                raise Stop
+        return progress
+
+    with pytest.raises(Stop):
+        attribute(model, tc, IDS, rows_dir=tmp_path / "rows", progress=stop_after(3), **options)
+    (tmp_path / "rows" / "batch-000004.npy.partial").write_bytes(b"half")  # a kill during a write
+    computed = []
+    real = module._Rows.__call__
+    monkeypatch.setattr(module._Rows, "__call__", lambda self, layers, *a: computed.append(len(layers)) or real(
+        self, layers, *a))
+    again = attribute(model, tc, IDS, rows_dir=tmp_path / "rows", **options)
+    assert torch.equal(again.adjacency_matrix, whole.adjacency_matrix)
+    assert torch.equal(again.selected_features, whole.selected_features)
+    n_features = len(whole.selected_features)
+    assert sum(computed) == n_features - 12 and n_features > 12  # the logit rows and 3 batches were kept
+    assert not list((tmp_path / "rows").glob("*.partial"))
+
+
+def test_rows_of_other_settings_are_refused_naming_what_differs(tmp_path):
+    model = tiny_model("llama")
+    tc = random_transcoders(2, model.config.hidden_size, 20)
+    attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    with pytest.raises(ValueError, match=r"other settings \(batch_size: 4 there, 5 now\)"):
+        attribute(model, tc, IDS, batch_size=5, rows_dir=tmp_path, identity={"model": "a"})
+    with pytest.raises(ValueError, match=r'input_ids: \[2, 5, 9, 11, 7, 3, 8\] there, \[2, 5, 9, 11, 7, 3\] now'):
+        attribute(model, tc, IDS[:-1], batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    with pytest.raises(ValueError, match=r'model: "a" there, "b" now'):
+        attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "b"})
+    other = random_transcoders(2, model.config.hidden_size, 20, seed=5)  # the same names, other numbers
+    with pytest.raises(ValueError, match=r"other settings \(forward pass \(digest\): \"\w+\" there, \"\w+\" now\)"):
+        attribute(model, other, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    (tmp_path / "batch-000001.npy").write_bytes(b"\x93NUMPY cut short")
+    with pytest.raises(ValueError, match=r"batch-000001.npy: unreadable \(.*\): delete .* to start again"):
+        attribute(model, tc, IDS, batch_size=4, rows_dir=tmp_path, identity={"model": "a"})
+    (tmp_path.parent / "strange").mkdir()
+    (tmp_path.parent / "strange" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"strange: holds notes.txt and no rows.json: not the rows of an attribution"):
+        attribute(model, tc, IDS, rows_dir=tmp_path.parent / "strange")
+
+
+def test_influence_pruning_and_scores_read_in_blocks_of_rows_are_the_whole_matrix(monkeypatch, tmp_path):
+    """Blocks of 3 rows (of a memory-mapped adjacency) against the whole matrix at once: the same masks, and influence
+    and scores within float32 rounding of sums taken in another order (1e-5 relative to the largest)."""
+    from scratch_models.circuits import graph as module
+    from scratch_models.circuits import node_influence
+
+    model = tiny_model("gemma2")
+    tc = random_transcoders(2, model.config.hidden_size, 20, hooks=HOOKS["gemma2"], jumprelu=True)
+    graph = attribute(model, tc, IDS, max_feature_nodes=30, rows_to=tmp_path / "adjacency.npy")
+    whole = compute_influence(normalize_matrix(graph.adjacency_matrix), graph.logit_weights())
+    monkeypatch.setattr(module, "BLOCK_ROWS", 10 ** 9)
+    at_once, scores_at_once = prune_graph(graph, 0.7, 0.9), graph_scores(graph)
+    monkeypatch.setattr(module, "BLOCK_ROWS", 3)
+    blocked = node_influence(graph)
+    assert (blocked - whole).abs().max() <= 1e-5 * whole.abs().max()
+    pruned = prune_graph(graph, 0.7, 0.9)
+    assert torch.equal(pruned.node_mask, at_once.node_mask) and torch.equal(pruned.edge_mask, at_once.edge_mask)
+    assert pruned.edge_mask.any() and not pruned.node_mask.all()
+    assert graph_scores(graph) == pytest.approx(scores_at_once, rel=1e-5)
