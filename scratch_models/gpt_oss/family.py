@@ -6,6 +6,7 @@ from weight_mapping.gpt_oss import GPT_OSS
 from ..llama.family import GROUPED, LIKE_LLAMA
 from ..mixtral.family import SUMMARY
 from ..registry.family import Family
+from . import transformer_lens
 from .config import GptOssConfig
 from .model import GptOssForCausalLM, GptOssModel
 from .task_heads import GptOssForSequenceClassification, GptOssForTokenClassification
@@ -42,4 +43,5 @@ FAMILY = Family(
                            "chosen logits)", more=""),
     lm_checkpoint="openai/gpt-oss-20b",
     window_field="sliding_window",  # the sliding_attention layers'
+    transformer_lens=transformer_lens.TABLE,
 )

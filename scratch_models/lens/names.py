@@ -234,38 +234,44 @@ NO_ROUTER_SCORES = ("TransformerBridge fires hook_router_scores only for a mixtu
                     "layers.{i}.mlp.router_logits (ours)")
 
 
-def moe_hooks(dense_pre: str = "layers.{i}.mlp.pre_act", dense_post: str = "layers.{i}.mlp.post_act") -> dict:
+def moe_hooks(dense_pre: str = "layers.{i}.mlp.pre_act", dense_post: str = "layers.{i}.mlp.post_act", *,
+              router: str = "gate", router_scores: bool = False) -> dict:
     """TransformerBridge's names of a mixture of experts (MoEBridge around the block, MoERouterBridge around its
-    router `gate`) at `layers.{i}.mlp`, whose input is `layers.{i}.ln_2`: `mlp.hook_in` and its alias `hook_pre`
-    (what the block reads), `mlp.hook_out` and `hook_post` (the weighted sum, our `proj`); the router's input and
-    logits (`mlp.gate.hook_in`, `hook_out`), the chosen experts (`hook_expert_indices`, best first) and every
-    expert's weight (`hook_expert_weights`, 0 where not chosen) one row per token, [b·s, ..], under the router and
-    under the block both. On a dense layer of the same model the bridge's `hook_pre` and `hook_post` are the gated
-    MLP's, `dense_pre` and `dense_post` (the router's names have nothing there: no `mlp.gate`)."""
+    router, `router` in the bridge's names: Mixtral's `gate`, GPT-OSS's `router`; ours is always `mlp.gate`) at
+    `layers.{i}.mlp`, whose input is `layers.{i}.ln_2`: `mlp.hook_in` and its alias `hook_pre` (what the block
+    reads), `mlp.hook_out` and `hook_post` (the weighted sum, our `proj`); the router's input and logits
+    (`mlp.<router>.hook_in`, `hook_out`), the chosen experts (`hook_expert_indices`, best first) and every expert's
+    weight (`hook_expert_weights`, 0 where not chosen) one row per token, [b·s, ..], under the router and under the
+    block both. `router_scores`: the block returns its chosen experts' weights beside its output (GPT-OSS), which
+    the bridge shows as `mlp.hook_router_scores` ([b·s, k], our `routing_weights`); else that name is refused. On a
+    dense layer of the same model the bridge's `hook_pre` and `hook_post` are the gated MLP's, `dense_pre` and
+    `dense_post` (the router's names have nothing there: no router)."""
     mlp = "layers.{i}.mlp"
+    at = f"blocks.{{i}}.mlp.{router}"
     return {
         "blocks.{i}.mlp.hook_in": Alias("layers.{i}.ln_2"),
         "blocks.{i}.mlp.hook_pre": Alias(by_mlp("layers.{i}.ln_2", dense_pre)),
         # the router's input; ours is the experts' too, so an edit here reaches them as well (the bridge's, not)
-        "blocks.{i}.mlp.gate.hook_in": Alias(by_mlp("layers.{i}.ln_2", f"{mlp}.gate"), TOKENS),
-        "blocks.{i}.mlp.gate.hook_out": Alias(f"{mlp}.router_logits", TOKENS),
-        **{f"blocks.{{i}}.mlp.{at}hook_expert_weights": Alias(f"{mlp}.expert_weights", TOKENS)
-           for at in ("gate.", "")},
-        **{f"blocks.{{i}}.mlp.{at}hook_expert_indices": Alias(f"{mlp}.chosen", TOKENS) for at in ("gate.", "")},
-        "blocks.{i}.mlp.hook_router_scores": Missing(NO_ROUTER_SCORES),
+        f"{at}.hook_in": Alias(by_mlp("layers.{i}.ln_2", f"{mlp}.gate"), TOKENS),
+        f"{at}.hook_out": Alias(f"{mlp}.router_logits", TOKENS),
+        **{f"{where}.hook_expert_weights": Alias(f"{mlp}.expert_weights", TOKENS) for where in (at, "blocks.{i}.mlp")},
+        **{f"{where}.hook_expert_indices": Alias(f"{mlp}.chosen", TOKENS) for where in (at, "blocks.{i}.mlp")},
+        "blocks.{i}.mlp.hook_router_scores": Alias(f"{mlp}.routing_weights", TOKENS) if router_scores
+        else Missing(NO_ROUTER_SCORES),
         "blocks.{i}.mlp.hook_post": Alias(by_mlp(f"{mlp}.proj", dense_post)),
         "blocks.{i}.mlp.hook_out": Alias(f"{mlp}.proj"),
     }
 
 
-def dense_mlp_only(weight: Callable) -> Callable:
+def dense_mlp_only(weight: Callable, experts: str = "layers.{i}.mlp.experts.{{e}}.gate_proj, up_proj and down_proj "
+                   "(nn.Linear, [out, in])") -> Callable:
     """A gated MLP's weight (W_gate, W_in, W_out and their biases) where the layer has one; a mixture of experts has
-    no single one (nor has TransformerBridge), which the error says, with where each expert's are."""
+    no single one (nor has TransformerBridge), which the error says, with where each expert's are (`experts`, {i}
+    the layer)."""
     def get(model, layer: int) -> torch.Tensor:
         if isinstance(model.layers[layer].mlp, SparseMoeBlock):
             raise ValueError(f"layer {layer}'s MLP is a mixture of experts, which has no single gated MLP's weight: "
-                             f"each expert's are layers.{layer}.mlp.experts.{{e}}.gate_proj, up_proj and down_proj "
-                             f"(nn.Linear, [out, in]), the router's layers.{layer}.mlp.gate")
+                             f"each expert's are {experts.format(i=layer)}, the router's layers.{layer}.mlp.gate")
         return weight(model, layer)
     return get
 
