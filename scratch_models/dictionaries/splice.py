@@ -82,7 +82,7 @@ def resolve_hook(model, hook_name: str, source: str = "the dictionary") -> Site:
         resolved = lens[hook_name]
         if resolved.source is None:
             raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, which {type(model).__name__} has "
-                                  f"no counterpart for: {resolved.entry.reason}")
+                                  f"no counterpart for: {resolved.entry.why(resolved.layer)}")
         if isinstance(resolved.entry, Fork):
             raise DictionaryError(f"{source} reads TransformerLens' {hook_name}, a copy of the stream (our "
                                   f"{resolved.source}) that TL's {resolved.entry.flag} switch makes to feed "

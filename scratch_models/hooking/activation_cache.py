@@ -85,7 +85,8 @@ class ActivationCache(Mapping):
         if resolved is None:
             raise KeyError(self._missing(name if isinstance(name, str) else lens_name or repr(name))) from None
         if resolved.source is None:
-            raise KeyError(f"TransformerLens' {resolved.name} has no counterpart here: {resolved.entry.reason}")
+            raise KeyError(f"TransformerLens' {resolved.name} has no counterpart here: "
+                           f"{resolved.entry.why(resolved.layer)}")
         if isinstance(resolved.entry, Fork) and not self._switches[resolved.entry.flag]:
             # as in TL, whose cache holds such a copy only when the run made it
             flag = resolved.entry.flag

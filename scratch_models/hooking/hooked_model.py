@@ -447,7 +447,7 @@ def _lens_entry(name: str, points: dict, names: dict) -> Resolved:
         raise ValueError(_unknown_name_message(name, points, names))
     resolved = names[name]
     if resolved.source is None:
-        raise ValueError(f"TransformerLens' {name} has no counterpart here: {resolved.entry.reason}")
+        raise ValueError(f"TransformerLens' {name} has no counterpart here: {resolved.entry.why(resolved.layer)}")
     return resolved
 
 

@@ -193,9 +193,13 @@ def norm_statistics(prefix: str, norm: str, stream: Source) -> dict[str, NormSta
 
 @dataclasses.dataclass(frozen=True)
 class Missing:
-    """A TL name with no counterpart in this family: `reason` says why (and what to read instead)."""
+    """A TL name with no counterpart in this family: `reason` says why (and what to read instead; `{i}` there is the
+    name's layer)."""
 
     reason: str
+
+    def why(self, layer: int | None) -> str:
+        return self.reason if layer is None else self.reason.replace("{i}", str(layer))
 
 
 Entry = Alias | NormStatistic | Missing
