@@ -57,8 +57,19 @@ def add_parser(commands, model_help: str) -> None:
                    help="a `scratch-models features` run of one layer's transcoder (reading its input hook), or a "
                         "directory of such runs: graph.html shows its features' top corpus contexts and links their "
                         "pages (repeatable)")
+    p.add_argument("--zero-positions", type=int,
+                   help="the first N positions get no features and no error (default: 1, the BOS; 4 for a Gemma 3 "
+                        "-it model, its chat prefix, as circuit-tracer decides by the model's name)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def zero_positions_for(source: str) -> int:
+    """How many first positions circuit-tracer gives no features for a model named `source`: Gemma Scope 2's -it
+    transcoders were trained without the chat prefix <bos><start_of_turn>user\\n, so a Gemma 3 -it model's first
+    four; else the BOS alone."""
+    name = str(source).rstrip("/")
+    return 4 if "gemma-3" in name and name.endswith("-it") else 1
 
 
 def run(args) -> int:
@@ -73,6 +84,7 @@ def run(args) -> int:
     at_least_one("--batch-size", args.batch_size)
     at_least_one("--max-n-logits", args.max_n_logits)
     at_least_one("--max-feature-nodes", args.max_feature_nodes)
+    at_least_one("--zero-positions", args.zero_positions)
     for flag, value in (("--node-threshold", args.node_threshold), ("--edge-threshold", args.edge_threshold),
                         ("--desired-logit-prob", args.desired_logit_prob)):
         if not 0.0 <= value <= 1.0:
@@ -88,6 +100,9 @@ def run(args) -> int:
                          "not one")
     ids = _prompt_ids(opened, args)
     family.check_length(opened.config, len(ids), "the prompt (with the BOS token in front)")
+    zero = args.zero_positions or zero_positions_for(opened.source)
+    if zero >= len(ids):
+        raise ValueError(f"--zero-positions {zero} leaves no position of the {len(ids)}-token prompt its features")
     transcoders = load_transcoders(args.transcoders)
     model = opened.load(family.lm, device=args.device)
     transcoders.to(args.device)
@@ -107,7 +122,7 @@ def run(args) -> int:
         graph = attribute(model, transcoders, torch.tensor(ids, device=args.device),
                           max_n_logits=args.max_n_logits, desired_logit_prob=args.desired_logit_prob,
                           batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes,
-                          rows_dir=partial / "rows", rows_to=partial / "adjacency.npy",
+                          zero_positions=slice(0, zero), rows_dir=partial / "rows", rows_to=partial / "adjacency.npy",
                           identity={"model": opened.source, "transcoders": str(args.transcoders)}, progress=bar)
         seconds = time.time() - started
         graph.to_pt(staging / GRAPH)
@@ -127,7 +142,8 @@ def run(args) -> int:
                    "feature_nodes": len(graph.selected_features),
                    "nodes": graph.adjacency_matrix.shape[0],
                    "replacement_score": replacement, "completeness_score": completeness,
-                   "node_threshold": args.node_threshold, "edge_threshold": args.edge_threshold,
+                   "zero_positions": zero, "node_threshold": args.node_threshold,
+                   "edge_threshold": args.edge_threshold,
                    "seconds": round(seconds, 3)}
         (staging / SUMMARY).write_text(json.dumps(summary, indent=2))
         if (out / "graph-metadata.json").exists():  # the list of graphs there, this one's entry replaced

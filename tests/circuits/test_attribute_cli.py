@@ -10,6 +10,7 @@ import torch
 from circuit_data import random_transcoders
 from scratch_models import FAMILIES
 from scratch_models.circuits import Graph, attribute, graph_scores, save_transcoders
+from scratch_models_cli.attribute_cmd import zero_positions_for
 from scratch_models_cli.cli import main
 from weight_mapping.locks import LOCK_FILE
 
@@ -55,6 +56,22 @@ def test_writes_the_graph_frontend_files_and_summary(setup, tmp_path, capsys):
     assert slugs == ["graph", "again"]
 
 
+def test_zero_positions_default_as_circuit_tracer_decides_and_can_be_chosen(setup, tmp_path):
+    """circuit-tracer zeroes a Gemma 3 -it model's chat prefix (4 positions) by its name, else the BOS alone; with
+    --zero-positions 3 the graph equals the library's with slice(0, 3): no features before position 3."""
+    assert [zero_positions_for(name) for name in ("google/gemma-3-1b-it", "google/gemma-3-1b-pt",
+                                                   "/models/gemma-3-4b-it/", "google/gemma-2-2b-it")] == [4, 1, 4, 1]
+    root, model = setup
+    out = tmp_path / "out"
+    assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--out", str(out),
+                 "--quiet", "--max-n-logits", "3", "--zero-positions", "3"]) == 0
+    summary, graph = json.loads((out / "summary.json").read_text()), Graph.from_pt(out / "graph.pt")
+    assert summary["zero_positions"] == 3 and int(graph.active_features[:, 1].min()) >= 3
+    expected = attribute(model, _loaded(root), torch.tensor(summary["input_ids"]), max_n_logits=3,
+                         zero_positions=slice(0, 3))
+    assert torch.equal(graph.adjacency_matrix, expected.adjacency_matrix)
+
+
 def _page_data(path):
     page = path.read_text(encoding="utf-8")
     return json.loads(re.search(r'<script type="application/json" id="graph-data">(.*?)</script>', page, re.S)
@@ -96,6 +113,7 @@ def _loaded(root):
     (["--ids", "1,x"], "comma-separated token ids"),
     (["x " * 300], "tokens long; this model reads at most"),
     (["hi", "--node-threshold", "2"], "--node-threshold must be between 0 and 1"),
+    (["--ids", "5,6", "--zero-positions", "3"], "--zero-positions 3 leaves no position of the 3-token prompt"),
     ([], "give the prompt as text or as --ids"),
 ])
 def test_bad_input_is_one_line_naming_it_and_nothing_is_written(setup, tmp_path, capsys, args, message):
