@@ -29,6 +29,7 @@ from scratch_models.bert.model import BertMLP, BertPooler, BertSelfAttention
 from scratch_models.bert.task_heads import BertForSequenceClassification
 from scratch_models.gpt2.model import Conv1D, GPT2Attention, GPT2Block
 from scratch_models.gpt_neox.model import GPTNeoXAttention, GPTNeoXLayer
+from scratch_models.gpt_oss.model import GptOssAttention
 from scratch_models.parts.rotary import RotaryEmbedding, rotate
 from scratch_models.hooking.inspection import AttentionCapture
 from scratch_models.llama.model import LlamaDecoderLayer
@@ -37,6 +38,7 @@ from scratch_models.olmo2.model import Olmo2DecoderLayer
 from scratch_models.parts.moe import SparseMoeBlock
 from weight_mapping import BERT, GPT2, Checkpoint, MappingTable, embedded_checkpoint, open_checkpoint
 from weight_mapping.gpt_neox import GPT_NEOX
+from weight_mapping.gpt_oss import GPT_OSS
 from weight_mapping.mixtral import MIXTRAL
 from weight_mapping.olmo2 import OLMO2
 
@@ -219,8 +221,8 @@ edit those, not this page. -->
 
 This page follows the path of the study notes the project grew from: attention and its $`\\sqrt{{d}}`$, heads,
 masks, where the LayerNorm goes, GPT-2's `Conv1D`, GELU, BERT's pooler, and GPT-NeoX's rotary position embeddings
-and parallel residual; then what newer families changed: OLMo 2's post-norm placement and the mixture of experts of
-Mixtral, Qwen 3 MoE and GPT-OSS. Each section has four parts:
+and parallel residual; then what newer families changed: OLMo 2's post-norm placement, the mixture of experts of
+Mixtral, Qwen 3 MoE and GPT-OSS, and GPT-OSS's attention sinks. Each section has four parts:
 
 1. **the formula**, the way the papers write it;
 2. **the code** that computes it, cut from the source when the page is generated (a test fails when the page
@@ -1215,6 +1217,119 @@ Weighted and summed, expert by expert in ascending order as the block adds them:
 {lines}"""
 
 
+SINK_HEAD = 1  # the head of layer 0 whose last query the sinks section follows
+SINK_LOGIT = 1.0  # what the section sets layer 0's sinks to: a trained model learns them; ours start at 0
+
+
+def _sinks_section() -> str:
+    model = _tiny("gpt_oss")
+    attn, at, h = model.layers[0].attn, "layers.0.attn", SINK_HEAD
+    with torch.no_grad():
+        attn.sinks.fill_(SINK_LOGIT)
+    ids = torch.tensor([TINY_IDS])
+    mask = torch.ones(2, len(TINY_IDS), dtype=torch.long)
+    mask[1] = 0  # the same ids, every position masked
+    _, cache = model.run_with_cache(ids.repeat(2, 1), attention_mask=mask)
+    query = len(TINY_IDS) - 1  # the last token: it sees every key
+    scores, sink = cache[f"{at}.scores"][0, h, query], attn.sinks[h].detach()
+    logits = torch.cat([scores, sink[None]])
+    with_sink = torch.softmax(logits - logits.max(), -1)  # as the model: the largest logit taken off first
+    without = torch.softmax(scores, -1)
+    probs = cache[f"{at}.probs"][0, h, query]
+    if not torch.equal(probs, with_sink[:-1]):
+        raise ValueError(f"{at}.probs is no longer the softmax with the sink column, that column dropped, bit for bit")
+    blind = cache[f"{at}.scores"][1, h, query]
+    blind_with = torch.softmax(torch.cat([blind, sink[None]]), -1)
+    blind_without = torch.softmax(blind, -1)
+    blind_probs, blind_context = cache[f"{at}.probs"][1, h, query], cache[f"{at}.context"][1]
+    if blind_with[-1] != 1 or blind_probs.any() or blind_context.any():
+        raise ValueError("a query that sees no key no longer gives all its weight to the sink and 0 as its output")
+    if not torch.equal(cache[f"{at}.proj"][1], attn.o_proj.bias.detach().expand(len(TINY_IDS), -1)):
+        raise ValueError("a row that sees no key no longer has o_proj's bias alone as its attention output")
+    rows = [[str(j), str(TINY_IDS[j]), _num(s), _num(w), _num(p), _num(a)]
+            for j, (s, w, p, a) in enumerate(zip(scores, without, with_sink, probs))]
+    rows.append(["sink", "", _num(sink), "", _num(with_sink[-1]), ""])
+    rows.append(["row sum", "", "", _num(without.sum()), _num(with_sink.sum()), _num(probs.sum())])
+    lines = _lines(f"""
+with torch.no_grad():
+    model.layers[0].attn.sinks.fill_({SINK_LOGIT})  # a trained model learns its sinks; these start at 0
+mask = torch.ones(2, {len(TINY_IDS)}, dtype=torch.long)
+mask[1] = 0  # row 1: the same ids, every position masked
+_, cache = model.run_with_cache(ids.repeat(2, 1), attention_mask=mask)
+at = "{at}"
+scores = cache[f"{{at}}.scores"][0, {h}, {query}]  # head {h}, the last token's query: q·k / √d over its {len(TINY_IDS)} keys
+sink = model.layers[0].attn.sinks[{h}].detach()
+logits = torch.cat([scores, sink[None]])  # one more column: the sink
+with_sink = torch.softmax(logits - logits.max(), -1)  # as the model: the largest logit taken off first
+print(scores, sink)
+print(torch.softmax(scores, -1))  # without the sink: sums to 1
+print(with_sink, with_sink[-1])  # with it: the last column is the sink's share
+probs = cache[f"{{at}}.probs"][0, {h}, {query}]  # the hook point: the sink's column dropped
+print(probs, probs.sum(), 1 - with_sink[-1], torch.equal(probs, with_sink[:-1]))
+blind = cache[f"{{at}}.scores"][1, {h}, {query}]  # row 1 sees no key: every score is float64's finfo.min
+print(torch.softmax(torch.cat([blind, sink[None]]), -1))  # all the weight on the sink
+print(torch.softmax(blind, -1))  # a plain softmax would spread it over keys the query may not see
+print(cache[f"{{at}}.probs"][1, {h}, {query}], cache[f"{{at}}.context"][1].abs().max())  # weights 0; output 0
+""", setup=_tiny_setup("gpt_oss"))
+    return f"""## 11. Attention sinks: GPT-OSS's extra column in the softmax
+
+A softmax row sums to 1: every query must put all its weight on some key, even when none is useful. Trained
+models find a way out on their own: they pour the surplus onto a token whose value changes little, most often the
+first, which Xiao et al. (2023) called an *attention sink* (a window that drops the first token then breaks the
+model). GPT-OSS (OpenAI, 2025) gives each head a sink of its own instead: a learned logit $`\\sigma_h`$ per head that
+joins every query's softmax as one more column, with no key and no value behind it, and is dropped afterwards:
+
+```math
+a_{{ij}} = \\frac{{e^{{s_{{ij}}}}}}{{\\sum_{{j'}} e^{{s_{{ij'}}}} + e^{{\\sigma_h}}}},\\qquad
+\\sum_j a_{{ij}} = 1 - \\frac{{e^{{\\sigma_h}}}}{{\\sum_{{j'}} e^{{s_{{ij'}}}} + e^{{\\sigma_h}}}} < 1,\\qquad
+\\mathrm{{out}}_i = \\sum_j a_{{ij}}\\, v_j
+```
+
+with $`s_{{ij}} = q_i \\cdot k_j / \\sqrt{{d}}`$ over the keys query $`i`$ may see. The weight the sink takes is weight
+no value receives: a head can say "nothing here" by letting its output shrink towards 0. (With $`\\sigma_h = 0`$ this
+is the "softmax plus one" Evan Miller proposed in 2023; GPT-OSS learns the logit.)
+
+**Code.** One parameter per query head, and the softmax over the scores with the sink column appended, then cut
+off; the hook point `probs` holds what is left:
+
+{excerpt(GptOssAttention.__init__, "self.sinks =").markdown()}
+
+{excerpt(GptOssAttention.scaled_dot_product).markdown()}
+
+Torch's fused attention kernel has no sinks, so GPT-OSS always takes this explicit path.
+
+**Checkpoint key.** One vector per layer, beside the projections:
+
+{_key_table(GPT_OSS, ["layers.{i}.attn"], lambda key, ours: tuple(model.state_dict()[ours].shape), "as saved",
+            "shape (tiny GPT-OSS)")}
+
+**Real numbers.** A random GPT-OSS of the tests' tiny config ({model.config.num_attention_heads} query heads,
+float64) reads the ids `{TINY_IDS}`. Its sinks start at 0, as ours are initialised; a trained model
+learns them, so the lines set layer 0's to {SINK_LOGIT:g}. Head {h} of layer 0, the last token's query
+(position {query}, which sees all {len(TINY_IDS)} keys: layer 0's sliding window of {model.config.sliding_window}
+covers them): its scores (`{at}.scores`), a plain softmax of them, the softmax with the sink
+column, and the hook point `{at}.probs`, the pattern (`blocks.0.attn.hook_pattern` in the TransformerLens dialect):
+
+{_table(["key", "token id", "score", "softmax without the sink", "softmax with the sink", f"`{at}.probs`"], rows)}
+
+Against scores between {_num(scores.min())} and {_num(scores.max())}, the sink's logit {_num(sink)} takes a share
+of {_num(with_sink[-1])}; the row the model keeps sums to {_num(probs.sum())} = 1 − {_num(with_sink[-1])}, and its
+entries are the with-sink column without its last entry, bit for bit. The keys keep their ratios to each other
+(the plain softmax is the kept row divided by its sum), so the sink scales the head's output down, by
+{_num(probs.sum())} here, without changing where the head looks.
+
+**A query that sees no key.** Masked scores are float64's `finfo.min` (section 3), far below any sink, so the sink
+takes all the weight: the softmax over the masked scores and the sink is
+{_vec(blind_with)}. Once the sink column is dropped, the weights
+are all 0 and the head's output (`{at}.context`) is 0, without a special case (the `masked_fill` of
+blind rows, which every family's attention has, changes nothing here). Without a sink the same scores would give
+the uniform weights {_vec(blind_without)}, over keys the query may not see. The
+attention's output `{at}.proj` for such a row is `o_proj`'s bias alone.
+
+{lines}"""
+
+
+
 def _next_steps() -> str:
     tables = ", ".join(f"`weight_mapping/{name}.py`" for name in FAMILIES)
     return f"""## Where to go next
@@ -1244,10 +1359,7 @@ def walkthrough_markdown(images: Path | None = None) -> str:
     sections = [_intro(runs), _attention_section(runs, images), _heads_section(runs, images),
                 _masks_section(runs, images), _layernorm_section(runs), _conv1d_section(runs),
                 _gelu_section(runs, images), _pooler_section(runs), _gpt_neox_section(images), _post_norm_section(),
-                _experts_section(),
-                # attention sinks (GPT-OSS, an MoE whose heads each add a learned sink to the softmax) come next,
-                # after the experts
-                _next_steps()]
+                _experts_section(), _sinks_section(), _next_steps()]
     return "\n\n".join(section.strip("\n") for section in sections) + "\n"
 
 

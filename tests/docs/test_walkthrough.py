@@ -1,6 +1,7 @@
 """docs/walkthrough.md: generated from the current code, its excerpts quoted from the lines it links, its
 pictures real PNGs, and a quoted line that disappears from the code is a loud error."""
 
+import math
 import re
 import shutil
 import textwrap
@@ -228,3 +229,39 @@ def test_the_post_norm_chapter_shows_where_olmo_2_puts_its_norms():
             assert abs(output - 1) > 0.1, row  # what the norm receives is not already at RMS 1
         else:
             assert abs(reads - 1) <= 2e-4 and adds == output and mlp_adds == mlp_output, row
+
+
+def test_the_sinks_chapter_shows_the_extra_column_and_the_row_it_leaves():
+    """GPT-OSS's sinks in numbers: the with-sink column sums to 1 with the sink's share in it, the hook point
+    `probs` is that column without the sink (so its row sums to 1 less the share), the plain softmax is the kept
+    row over its sum, and a query that sees no key gives the sink all its weight and outputs 0."""
+    from scratch_models.gpt_oss.model import GptOssAttention
+
+    page = PAGE.read_text(encoding="utf-8")
+    chapter = _section(page, "## 11. Attention sinks")
+    assert excerpt(GptOssAttention.scaled_dot_product).code in chapter
+    assert excerpt(GptOssAttention.__init__, "self.sinks =").code in chapter
+    assert "`layers.{i}.self_attn.sinks`" in chapter and "`layers.{i}.attn.sinks`" in chapter
+    table = [[cell.strip() for cell in line.strip("|").split("|")] for line in chapter.splitlines()
+             if line.startswith("| ") and line.count("|") == 7]
+    keys = [row for row in table if row[0].isdigit()]
+    sink = next(row for row in table if row[0] == "sink")
+    sums = next(row for row in table if row[0] == "row sum")
+    assert len(keys) >= 3
+    scores = [float(row[2]) for row in keys]
+    without, with_sink, probs = ([float(row[c]) for row in keys] for c in (3, 4, 5))
+    logit, share = float(sink[2]), float(sink[4])
+    assert with_sink == probs  # the hook point is the with-sink softmax, its sink column dropped
+    assert abs(sum(with_sink) + share - 1) <= 5e-4 * len(keys) and float(sums[4]) == 1.0
+    assert 0 < share < 1 and abs(float(sums[5]) - (1 - share)) <= 5e-5 and float(sums[5]) < 1
+    assert abs(sum(probs) - float(sums[5])) <= 5e-4 * len(keys)
+    # softmax recomputed from the page's own scores and sink logit, with and without the extra column
+    denominator = sum(math.exp(s) for s in scores)
+    assert all(abs(w - math.exp(s) / denominator) <= 1e-4 for w, s in zip(without, scores))
+    denominator += math.exp(logit)
+    assert all(abs(w - math.exp(s) / denominator) <= 1e-4 for w, s in zip(with_sink, scores))
+    assert abs(share - math.exp(logit) / denominator) <= 1e-4
+    assert all(abs(w - p / float(sums[5])) <= 5e-4 for w, p in zip(without, probs))
+    blind = re.search(r"the softmax over the masked scores and the sink is\n?`\[([-\d., ]+)\]`", chapter)
+    assert [float(x) for x in blind[1].split(", ")] == [0.0] * len(keys) + [1.0]
+    assert "is 0, without a special case" in chapter and "bit for bit" in chapter
