@@ -56,6 +56,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..corpus.plan import how_it_rounds
 from ..parts.norms import Norm
 from .graph import Graph, influence_over_rows
 from .rows import RowsError, RowStore, digest
@@ -399,8 +400,8 @@ def attribute(model, transcoders: Transcoders, input_ids, *, attribution_targets
                     "targets": [index for _, index in targets.labels],
                     "max_feature_nodes": max_feature_nodes, "batch_size": batch_size,
                     "update_interval": update_interval, "zero_positions": [zero_positions.start, zero_positions.stop],
-                    "dtype": str(transcoders.dtype), "device": str(input_ids.device),
-                    # the forward pass's numbers: other weights, or a run that rounds otherwise, give other rows
+                    "dtype": str(transcoders.dtype), **how_it_rounds(input_ids.device, torch.get_num_threads()),
+                    # the forward pass's numbers: other weights (or a run that rounds otherwise) give other rows
                     "forward pass (digest)": digest(prepared.active_features, prepared.activation_values,
                                                     prepared.logits, targets.vectors, targets.probabilities)}
         with (contextlib.nullcontext(rows_dir) if rows_dir is not None

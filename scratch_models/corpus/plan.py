@@ -279,12 +279,7 @@ class Plan:
         eager and a compiled run differ by up to ~1e-5): compiled or not; the device, and which (a GPU's name, the
         CPU's vector instructions); the intra-op threads each forward pass runs on, which decide how a matmul's
         sums are split (harvest's forward threads side by side change nothing: each batch runs on one of them)."""
-        device = self.runner.device
-        if device.type == "cuda":
-            which, torch_threads = torch.cuda.get_device_name(device), None  # the GPU computes: not the CPU's threads
-        else:
-            which = torch.backends.cpu.get_cpu_capability()
-        return {"compile": compile, "device": f"{device.type} ({which})", "torch_threads": torch_threads,
+        return {"compile": compile, **how_it_rounds(self.runner.device, torch_threads),
                 "model_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch.")}
 
     def sequences(self) -> Iterator[batching.Sequence]:
@@ -337,3 +332,12 @@ def peek(iterator):
     iterator = iter(iterator)
     first = next(iterator, None)
     return first, (itertools.chain([first], iterator) if first is not None else iter(()))
+
+
+def how_it_rounds(device: torch.device, torch_threads: int) -> dict:
+    """What decides a computation's bits beside its inputs and weights, for a resume that must not mix two kinds of
+    rows: the device, and which (a GPU's name, the CPU's vector instructions), and on a CPU the intra-op threads,
+    which decide how a matmul's sums are split."""
+    if device.type == "cuda":
+        return {"device": f"cuda ({torch.cuda.get_device_name(device)})", "torch_threads": None}
+    return {"device": f"{device.type} ({torch.backends.cpu.get_cpu_capability()})", "torch_threads": torch_threads}

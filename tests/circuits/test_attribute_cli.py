@@ -166,7 +166,9 @@ def test_killed_part_way_the_same_command_continues_to_the_same_files(setup, tmp
             "rows._save = lambda path, array: (time.sleep(0.05), save(path, array)); "
             "from scratch_models_cli.cli import main; sys.exit(main(sys.argv[1:]))")
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'scripts'}")
+    # the child computes on this process's thread count: other threads round otherwise, which the rerun refuses
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'scripts'}",
+               OMP_NUM_THREADS=str(torch.get_num_threads()))
     child = subprocess.Popen([sys.executable, "-c", slow, *args, "--out", str(out)], env=env)
     rows = out / ".attribute-partial" / "rows"
     deadline = time.time() + 120
@@ -180,6 +182,13 @@ def test_killed_part_way_the_same_command_continues_to_the_same_files(setup, tmp
     assert main(["attribute", str(root / "model"), str(root / "transcoders"), "Once upon a time", "--quiet",
                  "--batch-size", "2", "--max-feature-nodes", "40", "--max-n-logits", "3", "--out", str(out)]) == 2
     assert re.search(r"other settings \(.*input_ids: \[[\d, ]+\] there, \[[\d, ]+\] now", capsys.readouterr().err)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert main([*args, "--out", str(out)]) == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert f"torch_threads: {threads} there, {threads + 1} now" in capsys.readouterr().err
     assert main([*args, "--out", str(out)]) == 0
     assert f"the rows of an unfinished run are in {out / '.attribute-partial' / 'rows'}" in capsys.readouterr().err
     whole = tmp_path / "whole"
