@@ -455,7 +455,6 @@ def ours_and_bridge(family: str, directory: Path, *, eager: bool = False,
     `tokenizer` (vocabulary size, BOS, EOS): a byte-level BPE saved beside, for the bridge to load (None: none);
     `eager`: transformers' eager attention (its probabilities, which the bridge caches), else its default."""
     import transformers
-    from transformer_lens.model_bridge import TransformerBridge
 
     save(reference(family, **changes), directory)
     if tokenizer is not None:
@@ -463,11 +462,23 @@ def ours_and_bridge(family: str, directory: Path, *, eager: bool = False,
         transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["a b c"] * 4, vocab_size),
                                              bos_token=bos, eos_token=eos).save_pretrained(directory)
     lm = FAMILIES[family].lm
-    hf = getattr(transformers, lm.__name__).from_pretrained(directory, experts_implementation=EXPERTS,
-                                                            **(dict(attn_implementation="eager") if eager else {}))
+    return lm.from_pretrained(directory, transformer_lens=True), bridge_of(directory, lm.__name__, eager=eager,
+                                                                           experts=EXPERTS)
+
+
+def bridge_of(directory: Path, class_name: str, *, eager: bool = False, experts: str | None = None, **processing):
+    """TL's TransformerBridge over transformers' `class_name` loaded from `directory` (eager attention where `eager`,
+    a mixture's experts run by transformers' `experts` implementation where given, else both its defaults), in
+    compatibility mode with TL's weight `processing` switches (default: no_processing)."""
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    options = (dict(attn_implementation="eager") if eager else {}) | (dict(experts_implementation=experts)
+                                                                       if experts else {})
+    hf = getattr(transformers, class_name).from_pretrained(directory, **options)
     bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf.eval())
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return lm.from_pretrained(directory, transformer_lens=True), bridge
+    bridge.enable_compatibility_mode(disable_warnings=True, **(processing or dict(no_processing=True)))
+    return bridge
 
 
 def compare_bridge_caches(ours, bridge, length: int = 9, *, exact: bool = True):
