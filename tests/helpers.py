@@ -440,6 +440,92 @@ def assert_bridge_tensors(cache, theirs, names, skip: tuple[str, ...] = ()) -> l
     return compared
 
 
+# the bridge's rotary angles (per layer and the model's; ours are computed once per forward, held at no hook point)
+# and its copy of the attention's output: no name of ours
+BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states")
+# the config fields every family's TL config and the bridge's agree on (each test adds its family's)
+BRIDGE_FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",
+                 "positional_embedding_type")
+
+
+def ours_and_bridge(family: str, directory: Path, *, eager: bool = False,
+                    tokenizer: tuple[int, str, str] | None = (300, "<|endoftext|>", "<|endoftext|>"), **changes):
+    """(ours loaded with transformer_lens=True, TL's TransformerBridge over transformers' class of the same name,
+    its weight processing off), both from `family`'s random reference(family, **changes) saved in `directory`.
+    `tokenizer` (vocabulary size, BOS, EOS): a byte-level BPE saved beside, for the bridge to load (None: none);
+    `eager`: transformers' eager attention (its probabilities, which the bridge caches), else its default."""
+    import transformers
+
+    save(reference(family, **changes), directory)
+    if tokenizer is not None:
+        vocab_size, bos, eos = tokenizer
+        transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["a b c"] * 4, vocab_size),
+                                             bos_token=bos, eos_token=eos).save_pretrained(directory)
+    lm = FAMILIES[family].lm
+    return lm.from_pretrained(directory, transformer_lens=True), bridge_of(directory, lm.__name__, eager=eager,
+                                                                           experts=EXPERTS)
+
+
+def bridge_of(directory: Path, class_name: str, *, eager: bool = False, experts: str | None = None, **processing):
+    """TL's TransformerBridge over transformers' `class_name` loaded from `directory` (eager attention where `eager`,
+    a mixture's experts run by transformers' `experts` implementation where given, else both its defaults), in
+    compatibility mode with TL's weight `processing` switches (default: no_processing)."""
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    options = (dict(attn_implementation="eager") if eager else {}) | (dict(experts_implementation=experts)
+                                                                       if experts else {})
+    hf = getattr(transformers, class_name).from_pretrained(directory, **options)
+    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf.eval())
+    bridge.enable_compatibility_mode(disable_warnings=True, **(processing or dict(no_processing=True)))
+    return bridge
+
+
+def compare_bridge_caches(ours, bridge, length: int = 9, *, exact: bool = True):
+    """Run ours and the bridge with caches on the same random ids (2 x `length`, seed 0): the logits equal (`exact`)
+    or within assert_parity's bound, then assert_bridge_tensors over every name the bridge cached but its modules'
+    bare hook_in and hook_out (those we declare too compared) and BRIDGE_ONLY.
+    Returns (our cache, the bridge's, the names compared)."""
+    ids = torch.randint(1, 36, (2, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, theirs = bridge.run_with_cache(ids)
+        our_logits, cache = ours.run_with_cache(ids)
+    if exact:
+        assert torch.equal(our_logits, logits)
+    else:
+        assert_parity(our_logits, logits, "logits")
+    declared = ours.lens_names()
+    names = [name for name in theirs.keys() if name in declared or not name.endswith((".hook_in", ".hook_out"))]
+    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
+    return cache, theirs, compared
+
+
+def assert_bridge_weights(ours, bridge, weights=(), fields=(), *, block=(), norms=(), layers=range(2)) -> None:
+    """Ours and the bridge hold the same (torch.equal) model-level `weights`, each of `layers`' `block` weights
+    (dotted paths under blocks[i]: "mlp.W_in") and `norms`' weights (our norm's w, the bridge's weight), and the
+    same values of the TL config's BRIDGE_FIELDS and `fields`."""
+    from operator import attrgetter
+
+    for name in weights:
+        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
+    for layer in layers:
+        for path in block:
+            assert torch.equal(attrgetter(path)(ours.blocks[layer]), attrgetter(path)(bridge.blocks[layer])), path
+        for path in norms:
+            assert torch.equal(attrgetter(path)(ours.blocks[layer]).w, attrgetter(path)(bridge.blocks[layer]).weight), \
+                path
+    for field in BRIDGE_FIELDS + tuple(fields):
+        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
+
+
+def assert_rotary_hooks_refused(ours, match: str = "rotary angles are computed once per forward pass") -> None:
+    """The bridge's hook_cos, asked of ours, is a KeyError saying where the angles are (`match`)."""
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(torch.arange(1, 8)[None])
+    with pytest.raises(KeyError, match=match):
+        cache["blocks.0.attn.hook_cos"]
+
+
 def byte_level_bpe(texts: list[str], vocab_size: int):
     """A byte-level BPE (tokenizers.Tokenizer) as GPT-2's and Pythia's are, with <|endoftext|>, trained on `texts`
     (no such tokenizer is local)."""

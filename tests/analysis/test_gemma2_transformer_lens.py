@@ -5,44 +5,24 @@ bridge's; the names Gemma Scope's dictionaries are read at resolve on a deep mod
 
 import pytest
 import torch
-import transformers
 
-from helpers import assert_bridge_tensors, assert_parity, reference, save
+from helpers import (assert_bridge_weights, assert_parity, assert_rotary_hooks_refused, compare_bridge_caches,
+                     ours_and_bridge)
 from scratch_models import Gemma2Config, Gemma2ForCausalLM
 from scratch_models.registry.families import FAMILIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
 
-# the bridge gives no b_Q ... b_out for a model without biases ("construct zeros"): ours are those zeros
-WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_U")
-# the bridge's rotary angles (per layer and the model's), ours computed once per forward (Gemma2Model.positional)
-# and held at no hook point; and the bridge's copy of the attention's output
-BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states")
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from transformer_lens.model_bridge import TransformerBridge
-
-    directory = save(reference("gemma2"), tmp_path_factory.mktemp("gemma2"))
-    hf = transformers.Gemma2ForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return Gemma2ForCausalLM.from_pretrained(directory, transformer_lens=True), bridge
+    return ours_and_bridge("gemma2", tmp_path_factory.mktemp("gemma2"), eager=True, tokenizer=None)
 
 
 def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
-    ours, bridge = models
-    ids = torch.randint(1, 36, (2, 9), generator=torch.Generator().manual_seed(0))  # longer than the window
-    with torch.no_grad():
-        logits, theirs = bridge.run_with_cache(ids)
-        our_logits, cache = ours.run_with_cache(ids)
-    assert torch.equal(our_logits, logits)  # capped, both
-    # every name of the bridge's but its modules' bare inputs and outputs, and those we declare too (the norms')
-    declared = ours.lens_names()
-    names = [name for name in theirs.keys() if name in declared or not name.endswith((".hook_in", ".hook_out"))]
-    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
+    # 9 tokens, longer than the window; the logits capped, both; the norms' hook_out (we declare them) compared
+    cache, _, compared = compare_bridge_caches(*models)
     assert {"hook_embed", "blocks.1.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_rot_k",
             "blocks.0.attn.hook_attn_scores", "blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z",
             "blocks.0.attn.hook_out", "blocks.0.ln1_post.hook_scale", "blocks.0.ln1_post.hook_out",
@@ -62,17 +42,12 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
 
 def test_weights_and_config_are_the_bridges(models):
     ours, bridge = models
-    for name in WEIGHTS:
-        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
-    for layer in range(2):
-        for name in ("W_gate", "W_in", "W_out"):
-            assert torch.equal(getattr(ours.blocks[layer].mlp, name), getattr(bridge.blocks[layer].mlp, name)), name
+    assert_bridge_weights(ours, bridge, ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out", "W_U"),
+                          ("eps", "normalization_type", "gated_mlp", "final_rms", "n_key_value_heads", "rotary_base",
+                           "attn_scores_soft_cap", "output_logits_soft_cap", "rmsnorm_uses_offset", "uses_rms_norm",
+                           "tie_word_embeddings"), block=("mlp.W_gate", "mlp.W_in", "mlp.W_out"))
+    # the bridge gives no b_Q ... b_out for a model without biases ("construct zeros"): ours are those zeros
     assert not ours.b_Q.any() and ours.b_K.shape == (2, 2, 16) and not ours.b_out.any()
-    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "eps",
-                  "positional_embedding_type", "normalization_type", "gated_mlp", "final_rms", "n_key_value_heads",
-                  "rotary_base", "attn_scores_soft_cap", "output_logits_soft_cap", "rmsnorm_uses_offset",
-                  "uses_rms_norm", "tie_word_embeddings"):
-        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
     assert ours.cfg.attn_scale == 12 ** 0.5 and ours.cfg.window_size == 5  # the bridge leaves these at defaults
     assert ours.cfg.layer_types == bridge.cfg.layer_types
 
@@ -91,11 +66,7 @@ def test_the_norm_weights_are_stored_as_the_bridge_reads_them_and_applied_plus_o
 
 
 def test_the_bridges_rotary_angle_hooks_are_refused_saying_where_the_angles_are(models):
-    ours, _ = models
-    with torch.no_grad():
-        _, cache = ours.run_with_cache(torch.arange(1, 8)[None])
-    with pytest.raises(KeyError, match="rotary angles are computed once per forward pass"):
-        cache["blocks.0.attn.hook_cos"]
+    assert_rotary_hooks_refused(models[0])
 
 
 def test_gemma_scopes_hook_names_resolve_on_a_deep_model():

@@ -4,41 +4,23 @@ and config fields are the bridge's, for the parallel residual (Pythia) and the s
 
 import pytest
 import torch
-import transformers
 
-from helpers import assert_bridge_tensors, assert_parity, model_sizes, reference, save
-from scratch_models import GPTNeoXForCausalLM
+from helpers import (assert_bridge_weights, assert_parity, assert_rotary_hooks_refused, compare_bridge_caches,
+                     model_sizes, ours_and_bridge)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
 
-WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "b_in", "W_out", "b_out", "W_U")
-# the bridge's rotary angles (per layer and the model's); ours are computed once per forward
-# (GPTNeoXModel.positional), no hook point; and the bridge's copy of the attention's output
-BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states")
-
 
 @pytest.fixture(scope="module", params=[True, False], ids=["parallel", "sequential"])
 def models(request, tmp_path_factory):
-    from transformer_lens.model_bridge import TransformerBridge
-
-    directory = save(reference("gpt_neox", use_parallel_residual=request.param), tmp_path_factory.mktemp("neox"))
-    hf = transformers.GPTNeoXForCausalLM.from_pretrained(directory).eval()
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return GPTNeoXForCausalLM.from_pretrained(directory, transformer_lens=True), bridge
+    return ours_and_bridge("gpt_neox", tmp_path_factory.mktemp("neox"), tokenizer=None,
+                           use_parallel_residual=request.param)
 
 
 def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
-    ours, bridge = models
-    ids = torch.randint(1, 36, (2, 7), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        logits, theirs = bridge.run_with_cache(ids)
-        our_logits, cache = ours.run_with_cache(ids)
-    assert torch.equal(our_logits, logits)
-    names = [name for name in theirs.keys() if not name.endswith((".hook_in", ".hook_out"))
-             or name in ("ln_final.hook_out",) or ".ln1.hook_out" in name or ".ln2.hook_out" in name]
-    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
+    ours, _ = models
+    cache, theirs, compared = compare_bridge_caches(*models, 7)
     assert {"blocks.1.attn.hook_q", "blocks.1.attn.hook_k", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_z",
             "blocks.1.ln2.hook_normalized", "blocks.1.hook_resid_post", "ln_final.hook_scale"} <= set(compared)
     # the turned queries and keys, TL's HookedTransformer names: the scores are their products
@@ -50,20 +32,13 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
 
 def test_weights_and_config_are_the_bridges(models):
     ours, bridge = models
-    for name in WEIGHTS:
-        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
-    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn",
-                  "positional_embedding_type", "parallel_attn_mlp", "rotary_base"):
-        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
+    assert_bridge_weights(ours, bridge, ("W_E", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "b_in",
+                                         "W_out", "b_out", "W_U"), ("parallel_attn_mlp", "rotary_base"))
     assert ours.cfg.rotary_dim == 8  # the bridge leaves it None; TL's HookedTransformer has it
 
 
 def test_the_bridges_rotary_angle_hooks_are_refused_saying_where_the_angles_are(models):
-    ours, _ = models
-    with torch.no_grad():
-        _, cache = ours.run_with_cache(torch.arange(1, 8)[None])
-    with pytest.raises(KeyError, match="rotary angles are computed once per forward pass"):
-        cache["blocks.0.attn.hook_cos"]
+    assert_rotary_hooks_refused(models[0])
 
 
 def test_resid_mid_is_the_sequential_models_only(models):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import model_sizes
+from helpers import bridge_of, model_sizes
 from test_lens_tutorials import SMALL, assert_same, ioi_prompts, write_gpt2
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
@@ -34,16 +34,10 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings(
 
 def load_two(directory):
     """(ours, the bridge over transformers' GPT-2, weight processing off)."""
-    import transformers
-    from transformer_lens.model_bridge import TransformerBridge
-
     from scratch_models import GPT2LMHeadModel
 
     model = GPT2LMHeadModel.from_pretrained(directory, transformer_lens=True)  # the only line that changes
-    hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return model, bridge
+    return model, bridge_of(directory, "GPT2LMHeadModel")
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import pytest
 import torch
 import transformers
 
-from helpers import LENS_FAMILIES, byte_level_bpe, each_lens_family, reference, save
-from test_lens_second_day import LAYERS, SHORT, TEXTS, bridge_of, supported, write_family
+from helpers import LENS_FAMILIES, bridge_of, byte_level_bpe, each_lens_family, reference, save
+from test_lens_second_day import LAYERS, SHORT, TEXTS, supported, write_family
 from scratch_models.registry.families import FAMILIES
 from scratch_models.parts.moe import SparseMoeBlock
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import assert_parity, byte_level_bpe, each_lens_family, model_sizes, reference, save
+from helpers import assert_parity, bridge_of, byte_level_bpe, each_lens_family, model_sizes, reference, save
 from test_lens_demos import get_cache_fwd_and_bwd  # the Attribution Patching Demo's
 from scratch_models import get_act_name
 from scratch_models.parts.moe import SparseMoeBlock
@@ -50,16 +50,6 @@ def write_family(family: str, directory, **changes) -> transformers.PreTrainedTo
         changes = dict(vocab_size=fast.vocab_size) | changes
     save(reference(family, **{declared.positions_field: 64} | changes), directory)
     return fast
-
-
-def bridge_of(directory, class_name: str):
-    """TL's TransformerBridge over transformers' `class_name` loaded from `directory`, weight processing off."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    hf = getattr(transformers, class_name).from_pretrained(directory).eval()
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return bridge
 
 
 @pytest.fixture(scope="module")

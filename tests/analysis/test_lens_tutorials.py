@@ -29,7 +29,7 @@ from functools import partial
 import pytest
 import torch
 
-from helpers import assert_parity, byte_level_bpe, magnitude, model_sizes, randomize_
+from helpers import assert_parity, bridge_of, byte_level_bpe, magnitude, model_sizes, randomize_
 
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (the test "
                                        "extra installs it: pip install -e '.[test]')")
@@ -381,21 +381,12 @@ def write_gpt2(directory, config: dict, std: float):
 
 def load_three(directory):
     """(ours, the bridge without weight processing, the bridge processed as the Exploratory demo loads it)."""
-    import transformers
-    from transformer_lens.model_bridge import TransformerBridge
-
     from scratch_models import GPT2LMHeadModel
 
     ours = GPT2LMHeadModel.from_pretrained(directory, transformer_lens=True)  # the only line that changes
-    bridges = []
-    for processing in ({"no_processing": True},
-                       {"fold_ln": True, "center_writing_weights": True, "center_unembed": True,
-                        "fold_value_biases": False, "refactor_factored_attn_matrices": False}):
-        hf = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
-        bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-        bridge.enable_compatibility_mode(disable_warnings=True, **processing)
-        bridges.append(bridge)
-    return ours, *bridges
+    return ours, bridge_of(directory, "GPT2LMHeadModel"), bridge_of(
+        directory, "GPT2LMHeadModel", fold_ln=True, center_writing_weights=True, center_unembed=True,
+        fold_value_biases=False, refactor_factored_attn_matrices=False)
 
 
 @pytest.fixture(scope="module")

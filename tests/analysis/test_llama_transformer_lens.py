@@ -7,9 +7,9 @@ normalises each head's queries and keys."""
 
 import pytest
 import torch
-import transformers
 
-from helpers import assert_bridge_tensors, assert_parity, byte_level_bpe, model_sizes, reference, save
+from helpers import (assert_bridge_weights, assert_parity, assert_rotary_hooks_refused, compare_bridge_caches,
+                     model_sizes, ours_and_bridge)
 from scratch_models import LlamaModel
 from scratch_models.registry.families import FAMILIES
 from scratch_models.registry.known import MIXTURES
@@ -21,38 +21,16 @@ transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-l
 # routing is compared within the bound (the bridge's router rounds otherwise)
 LLAMA_LIKE = [name for name, family in FAMILIES.items()
               if issubclass(family.base, LlamaModel) and family.transformer_lens is not None and name not in MIXTURES]
-WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "W_U", "b_U")
-# the bridge's rotary angles (per layer and the model's); ours are computed once per forward (the model's
-# `positional`), no hook point; and the bridge's copy of the attention's output
-BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states")
 
 
 @pytest.fixture(scope="module", params=LLAMA_LIKE)
 def models(request, tmp_path_factory):
-    from transformer_lens.model_bridge import TransformerBridge
-
-    family = FAMILIES[request.param]
-    directory = save(reference(request.param), tmp_path_factory.mktemp(request.param))
-    # the bridge loads a tokenizer from the directory: a byte-level BPE as a fast tokenizer's files
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["a b c"] * 4, 300),
-                                                     bos_token="<|endoftext|>", eos_token="<|endoftext|>")
-    tokenizer.save_pretrained(directory)
-    hf = getattr(transformers, family.lm.__name__).from_pretrained(directory).eval()
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return family.lm.from_pretrained(directory, transformer_lens=True), bridge
+    return ours_and_bridge(request.param, tmp_path_factory.mktemp(request.param))
 
 
 def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
-    ours, bridge = models
-    ids = torch.randint(1, 36, (2, 9), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        logits, theirs = bridge.run_with_cache(ids)
-        our_logits, cache = ours.run_with_cache(ids)
-    assert torch.equal(our_logits, logits)
-    names = [name for name in theirs.keys() if not name.endswith((".hook_in", ".hook_out"))
-             or name == "ln_final.hook_out" or ".ln1.hook_out" in name or ".ln2.hook_out" in name]
-    compared = assert_bridge_tensors(cache, theirs, names, skip=BRIDGE_ONLY)
+    ours, _ = models
+    cache, theirs, compared = compare_bridge_caches(*models)
     config = ours.config
     groups = config.num_attention_heads // config.num_key_value_heads
     assert groups > 1
@@ -76,15 +54,9 @@ def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
 
 def test_weights_and_config_are_the_bridges(models):
     ours, bridge = models
-    for name in WEIGHTS:
-        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
-    if ours.config.qkv_bias:
-        for name in ("b_Q", "b_K", "b_V"):
-            assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
-    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "eps",
-                  "positional_embedding_type", "normalization_type", "n_key_value_heads", "gated_mlp",
-                  "tie_word_embeddings"):
-        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
+    assert_bridge_weights(ours, bridge, ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "W_U", "b_U")
+                          + (("b_Q", "b_K", "b_V") if ours.config.qkv_bias else ()),
+                          ("eps", "normalization_type", "n_key_value_heads", "gated_mlp", "tie_word_embeddings"))
     # the bridge's rotary_base stays TL's default (10000) whatever the config says; its rope_parameters hold the
     # theta its model turns by, which is ours
     assert ours.cfg.rotary_base == bridge.cfg.rope_parameters["rope_theta"] == ours.config.rope_theta
@@ -94,8 +66,4 @@ def test_weights_and_config_are_the_bridges(models):
 
 
 def test_the_bridges_rotary_angle_hooks_are_refused_saying_where_the_angles_are(models):
-    ours, _ = models
-    with torch.no_grad():
-        _, cache = ours.run_with_cache(torch.arange(1, 8)[None])
-    with pytest.raises(KeyError, match="rotary angles are computed once per forward pass"):
-        cache["blocks.0.attn.hook_cos"]
+    assert_rotary_hooks_refused(models[0])

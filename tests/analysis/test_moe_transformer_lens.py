@@ -7,11 +7,8 @@ weights re-routes as the bridge's does, and text gets a BOS token as the bridge 
 
 import pytest
 import torch
-import transformers
 
-from helpers import assert_bridge_tensors, assert_parity, byte_level_bpe, reference, save
-from scratch_models.registry.families import FAMILIES
-from scratch_models_cli.verify import EXPERTS
+from helpers import assert_bridge_weights, assert_parity, compare_bridge_caches, ours_and_bridge
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-lens is not installed (test extra)")
@@ -19,38 +16,17 @@ transformer_lens = pytest.importorskip("transformer_lens", reason="transformer-l
 FAMILY_NAMES = ("mixtral", "qwen3_moe", "gpt_oss")
 # the bridge's name of the router (ours is always mlp.gate)
 ROUTER = {"gpt_oss": "router"}
-WEIGHTS = ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U")
-# the bridge's rotary angles and its copy of the attention's output (never cached here)
-BRIDGE_ONLY = ("hook_cos", "hook_sin", "attn.hook_hidden_states")
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
 def models(request, tmp_path_factory):
-    from transformer_lens.model_bridge import TransformerBridge
-
     family = request.param
-    directory = save(reference(family), tmp_path_factory.mktemp(family))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(["a b c"] * 4, 30),
-                                                     bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(directory)
-    lm = FAMILIES[family].lm
-    hf = getattr(transformers, lm.__name__).from_pretrained(directory, attn_implementation="eager",
-                                                            experts_implementation=EXPERTS).eval()
-    bridge = TransformerBridge.boot_transformers(str(directory), hf_model=hf)
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    return family, lm.from_pretrained(directory, transformer_lens=True), bridge
+    return family, *ours_and_bridge(family, tmp_path_factory.mktemp(family), eager=True, tokenizer=(30, "<s>", "</s>"))
 
 
 def test_every_hook_name_both_have_holds_the_bridges_tensor(models):
     family, ours, bridge = models
-    ids = torch.randint(1, 36, (2, 9), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        logits, theirs = bridge.run_with_cache(ids)
-        our_logits, cache = ours.run_with_cache(ids)
-    assert_parity(our_logits, logits, "logits")
-    declared = ours.lens_names()
-    names = [name for name in theirs.keys() if name in declared or not name.endswith((".hook_in", ".hook_out"))]
-    compared = assert_bridge_tensors(cache, theirs, names, BRIDGE_ONLY)
+    cache, theirs, compared = compare_bridge_caches(ours, bridge, exact=False)
     router = ROUTER.get(family, "gate")
     sparse = {f"blocks.1.{name}" for name in (
         "ln2.hook_out", "mlp.hook_in", "mlp.hook_pre", f"mlp.{router}.hook_in", f"mlp.{router}.hook_out",
@@ -118,8 +94,6 @@ def test_an_edit_of_gpt_oss_router_scores_reweighs_ours_and_not_the_bridge(model
 
 def test_weights_and_config_are_the_bridges(models):
     family, ours, bridge = models
-    for name in WEIGHTS:
-        assert torch.equal(getattr(ours, name), getattr(bridge, name)), name
     for name in ("W_gate", "W_in", "W_out"):  # a mixture has none, on both
         with pytest.raises(AttributeError):
             getattr(bridge.blocks[1].mlp, name)
@@ -129,13 +103,11 @@ def test_weights_and_config_are_the_bridges(models):
         for layer in (0, 1):
             assert torch.equal(ours.blocks[layer].attn.sinks, bridge.blocks[layer].attn.sinks), layer
         assert ours.blocks[1].attn.sinks is ours.layers[1].attn.sinks
-    if family == "qwen3_moe":
-        for name in ("W_gate", "W_in", "W_out"):
-            assert torch.equal(getattr(ours.blocks[0].mlp, name), getattr(bridge.blocks[0].mlp, name)), name
-    for field in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "act_fn", "eps",
-                  "positional_embedding_type", "normalization_type", "gated_mlp", "n_key_value_heads",
-                  "tie_word_embeddings", "num_experts", "experts_per_token", "default_prepend_bos"):
-        assert getattr(ours.cfg, field) == getattr(bridge.cfg, field), field
+    # qwen3_moe's layer 0 is dense: its gated MLP's weights
+    assert_bridge_weights(ours, bridge, ("W_E", "W_Q", "W_K", "W_V", "W_O", "W_U"),
+                          ("eps", "normalization_type", "gated_mlp", "n_key_value_heads", "tie_word_embeddings",
+                           "num_experts", "experts_per_token", "default_prepend_bos"),
+                          block=("mlp.W_gate", "mlp.W_in", "mlp.W_out"), layers=(0,) if family == "qwen3_moe" else ())
     # the bridge's Mixtral adapter says its final norm is no RMSNorm; it is one, as ours says
     assert ours.cfg.final_rms and bridge.cfg.final_rms == (family == "qwen3_moe")
 
