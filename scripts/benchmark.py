@@ -974,9 +974,11 @@ def _median_timings(summaries) -> dict:
 # 4 KV heads, MLP 9216, 256000 tokens); the vocabulary is cut to 16384 so the embedding does not dominate the RSS
 ATTRIBUTION_MODEL = dict(vocab=16384, hidden=512, heads=8, kv_heads=4, head_dim=64, mlp=2048, layers=8, context=4096)
 ATTRIBUTION_FEATURES = 4096  # per layer (Gemma Scope's smallest transcoders: 16384)
-ACTIVE_PER_TOKEN = 48  # each layer's features fire on this many tokens' worth on average (L0), see _calibrated
+ACTIVE_PER_TOKEN = 48  # the L0 a layer is calibrated for (_calibrated); the traced prompts fire some 32 (the rows'
+# active_per_token_layer), within the 30-64 of published sets
 ATTRIBUTION_SETTINGS = dict(max_feature_nodes=128, batch_size=32, max_n_logits=10, desired_logit_prob=0.95)
 ATTRIBUTION_LENGTHS = (64, 512)
+CALIBRATION_LENGTH = 512  # the random prompt the thresholds are set on
 LONG_PROMPT = 2048  # 4x the longer length: ours alone unless circuit-tracer holds it under the memory cap
 TRACER_TESTS = Path(__file__).resolve().parents[1] / "tests" / "circuits"
 
@@ -1050,7 +1052,7 @@ def _attribution_setup(root: Path) -> dict:
     transcoders = random_transcoders(sizes.layers, sizes.hidden, ATTRIBUTION_FEATURES, jumprelu=True,
                                      hooks=("ln2.hook_normalized", "hook_mlp_out"))
     model = FAMILIES["gemma2"].lm.from_pretrained(root / "model")
-    _calibrated(model, transcoders, torch.tensor(prompt(512)))
+    _calibrated(model, transcoders, torch.tensor(prompt(CALIBRATION_LENGTH)))
     prompts = {str(n): prompt(n) for n in (*ATTRIBUTION_LENGTHS, LONG_PROMPT)}
     margin = _clear_of_ties(model, transcoders, [torch.tensor(prompts[str(n)]) for n in ATTRIBUTION_LENGTHS])
     save_transcoders(transcoders, root / "transcoders")
@@ -1108,7 +1110,8 @@ def _attribution_child(python: str, which: str, root: Path, length: int, cap: in
                                             "PYTHONPATH": str(TRACER_TESTS.parents[1])})
     if done.returncode != 0:
         (root / f"failed-{which}-{length}.log").write_text(done.stderr)
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        # the error itself, not what a destructor raised after it at exit
+        lines = [line for line in done.stderr.split("Exception ignored in")[0].splitlines() if line.strip()]
         return {"failed": lines[-1] if lines else f"exit status {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -1142,7 +1145,7 @@ def attribution(ckpt: Checkpoints, repeats: int, device: str, circuit_tracer_pyt
     """Attribution graphs (scratch_models.circuits.attribute) against circuit-tracer 0.5.0's `attribute`
     (`--circuit-tracer-python`: a Python with circuit-tracer, which needs transformers <= 4.57 and transformer-lens
     < 4; tests/circuits/test_circuit_tracer_parity.py says how to make one) on the same random Gemma-2-shaped
-    checkpoint (8 layers, hidden 512) and per-layer JumpReLU transcoders of 4096 features (about 48 active per
+    checkpoint (8 layers, hidden 512) and per-layer JumpReLU transcoders of 4096 features (30-50 active per
     token and layer), prompts of 64 and 512 tokens, the same settings both sides. Each attribution runs in a fresh
     process (the sides in turn, `repeats` times: medians), under an address-space cap of --memory-cap-gb (prlimit
     --as) so that one that does not fit fails alone; `peak_rss_mb` is the child's VmHWM (the model and transcoders
@@ -1158,9 +1161,7 @@ def attribution(ckpt: Checkpoints, repeats: int, device: str, circuit_tracer_pyt
     if circuit_tracer_python is not None:
         pythons["theirs"] = circuit_tracer_python
     settings = ", ".join(f"{k}={v}" for k, v in ATTRIBUTION_SETTINGS.items())
-    rows = [{"case": f"Gemma-2-shaped {ATTRIBUTION_MODEL}, {ATTRIBUTION_FEATURES} features a layer; {settings}; "
-                     f"cap {memory_cap_gb:g} GiB; thresholds at least {setup['margin']:.2g} from any "
-                     f"pre-activation of the compared prompts"}]
+    rows = []
     for length in ATTRIBUTION_LENGTHS:
         runs = {which: [] for which in pythons}
         for i in range(repeats):
@@ -1185,16 +1186,21 @@ def attribution(ckpt: Checkpoints, repeats: int, device: str, circuit_tracer_pyt
         rows.append(row)
     for which, python in pythons.items():
         got = _attribution_child(python, which, root, LONG_PROMPT, cap)
-        name = "ours" if which == "ours" else "circuit-tracer"
+        side = "ours" if which == "ours" else "circuit_tracer"
+        row = {"case": f"{LONG_PROMPT} tokens, {side.replace('_', '-')} once"}
         if "failed" in got:
-            rows.append({"case": f"{LONG_PROMPT} tokens, {name}, once", "failed": got["failed"]})
+            row["note"] = f"failed: {got['failed']}"
         else:
-            rows.append({"case": f"{LONG_PROMPT} tokens, {name}, once", "active": got["active"],
-                         "nodes": got["nodes"], f"{'ours' if which == 'ours' else 'circuit_tracer'}_s": got["seconds"],
-                         "peak_rss_mb": got["peak_rss_mb"], "added_mb": got["peak_rss_mb"] - got["rss_before_mb"]})
+            row |= {"active": got["active"], "nodes": got["nodes"], f"{side}_s": got["seconds"],
+                    f"{side}_peak_rss_mb": got["peak_rss_mb"],
+                    f"{side}_added_mb": got["peak_rss_mb"] - got["rss_before_mb"]}
+        rows.append(row)
     if circuit_tracer_python is None:
-        rows.append({"case": "circuit-tracer: skipped", "failed": "--circuit-tracer-python PYTHON (a venv with "
+        rows.append({"case": "circuit-tracer: skipped", "note": "--circuit-tracer-python PYTHON (a venv with "
                      "circuit-tracer 0.5.0) to run it"})
+    rows.append({"case": "settings", "note": f"Gemma-2-shaped {ATTRIBUTION_MODEL}, {ATTRIBUTION_FEATURES} features "
+                 f"a layer; {settings}; each run capped at {memory_cap_gb:g} GiB; thresholds at least "
+                 f"{setup['margin']:.2g} from any pre-activation of the compared prompts"})
     return rows
 
 
