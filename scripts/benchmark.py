@@ -1,7 +1,7 @@
 """Benchmarks against transformers and against the machine's limits: runs interleaved, medians, ratios, rooflines.
 
     python scripts/benchmark.py [--case NAME ...] [--repeats N] [--device cpu|cuda] [--json FILE] [--saelens-python PY]
-                                [--dtype float32|bfloat16 ...]
+                                [--dtype float32|bfloat16 ...] [--circuit-tracer-python PY] [--memory-cap-gb GiB]
 
 `ratio` is transformers' time / ours (above 1: we are faster), transformers run eagerly in the row's dtype;
 `vs_default` is transformers' default (eager float32) time / ours. Weights are random, written in the real
@@ -32,6 +32,10 @@ checkpoint layouts by transformers itself: speed does not depend on their values
              batched), and against TransformerLens' patching module when it is installed
   features   a 16384-feature dictionary's statistics over a corpus at GPT-2 124M's last residual stream
              (scratch_models.dictionaries.features) against harvest of the same hook over the same corpus
+  attribution attribution graphs (scratch_models.circuits.attribute) against circuit-tracer 0.5.0 in its own venv
+             (--circuit-tracer-python), a random Gemma-2-shaped model (8 layers, hidden 512) with per-layer JumpReLU
+             transcoders of 4096 features, prompts of 64 and 512 tokens, each run a fresh process under a memory cap:
+             seconds and peak RSS, the two graphs checked equal; then 2048 tokens, each side once (3 runs by default)
 
 forward and generate run each model in every mode (eager and compiled, float32 and bfloat16; float16 too on
 CUDA). `roofline_ms` is the least time the machine's limits allow: the case's FLOPs at the GEMM peak of its dtype
@@ -111,17 +115,27 @@ def ratio_row(case: str, seconds: dict, unit: float = 1e3) -> dict:
 
 
 class Checkpoints:
-    """bert-base and GPT-2 124M with random weights, saved by transformers in their real layouts, once."""
+    """bert-base and GPT-2 124M with random weights, saved by transformers in their real layouts, once, when a case
+    first asks for them."""
 
     def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="scratch-models-bench-"))
+
+    @functools.cached_property
+    def bert(self) -> Path:
         import transformers
 
-        self.root = Path(tempfile.mkdtemp(prefix="scratch-models-bench-"))
         torch.manual_seed(0)
-        self.bert = self.root / "bert-base"
-        transformers.BertModel(transformers.BertConfig(**BERT_BASE)).save_pretrained(self.bert)
-        self.gpt2 = self.root / "gpt2"
-        transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_SMALL)).save_pretrained(self.gpt2)
+        transformers.BertModel(transformers.BertConfig(**BERT_BASE)).save_pretrained(self.root / "bert-base")
+        return self.root / "bert-base"
+
+    @functools.cached_property
+    def gpt2(self) -> Path:
+        import transformers
+
+        torch.manual_seed(0)
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2_SMALL)).save_pretrained(self.root / "gpt2")
+        return self.root / "gpt2"
 
     @functools.cached_property
     def llama_1b(self) -> Path:
@@ -1038,9 +1052,247 @@ def _median_timings(summaries) -> dict:
     return {k: round(statistics.median(s.timings[k] for s in summaries), 3) for k in keys}
 
 
+# ------------------------------------------------------------------------------------------- attribution
+
+# Gemma 2's architecture at a size two shared cores can trace (Gemma 2 2B: 26 layers, hidden 2304, 8 heads of 256,
+# 4 KV heads, MLP 9216, 256000 tokens); the vocabulary is cut to 16384 so the embedding does not dominate the RSS
+ATTRIBUTION_MODEL = dict(vocab=16384, hidden=512, heads=8, kv_heads=4, head_dim=64, mlp=2048, layers=8, context=4096)
+ATTRIBUTION_FEATURES = 4096  # per layer (Gemma Scope's smallest transcoders: 16384)
+ACTIVE_PER_TOKEN = 48  # the L0 a layer is calibrated for (_calibrated); the traced prompts fire some 32 (the rows'
+# active_per_token_layer), within the 30-64 of published sets
+ATTRIBUTION_SETTINGS = dict(max_feature_nodes=128, batch_size=32, max_n_logits=10, desired_logit_prob=0.95)
+ATTRIBUTION_LENGTHS = (64, 512)
+CALIBRATION_LENGTH = 512  # the random prompt the thresholds are set on
+LONG_PROMPT = 2048  # 4x the longer length: ours alone unless circuit-tracer holds it under the memory cap
+TRACER_TESTS = Path(__file__).resolve().parents[1] / "tests" / "circuits"
+
+# One attribution in a fresh process: seconds, RSS before it (model and transcoders loaded) and peak RSS; with a
+# fourth argument, the graph's arrays saved there for the agreement check.
+_ATTRIBUTION_CHILD = """
+import json, sys, time
+from pathlib import Path
+import torch
+which, root, length, tests = sys.argv[1:5]
+root, keep = Path(root), sys.argv[5] if len(sys.argv) > 5 else None
+def status_mb(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+setup = json.loads((root / "setup.json").read_text())
+ids = torch.tensor(setup["prompts"][length])
+if which == "ours":
+    from scratch_models import FAMILIES
+    from scratch_models.circuits import attribute, load_transcoders
+    model = FAMILIES["gemma2"].lm.from_pretrained(root / "model")
+    transcoders = load_transcoders(root / "transcoders")
+    run = lambda: attribute(model, transcoders, ids, **setup["settings"])
+else:
+    import gc, logging, transformers
+    sys.path.insert(0, tests)
+    import circuit_tracer_side as side
+    from circuit_tracer import attribute
+    logging.disable(logging.WARNING)
+    sizes = side.Sizes(**setup["sizes"])
+    hf = transformers.Gemma2ForCausalLM.from_pretrained(root / "model")
+    model = side.their_model("gemma2", hf, side.their_transcoders(root / "transcoders", "transcoder_set",
+                                                                  sizes.layers), sizes)
+    del hf
+    gc.collect()
+    run = lambda: attribute(ids, model, verbose=False, **setup["settings"])
+before = status_mb("VmRSS")
+start = time.perf_counter()
+graph = run()
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "rss_before_mb": before, "peak_rss_mb": status_mb("VmHWM"),
+                  "active": len(graph.active_features), "nodes": graph.adjacency_matrix.shape[0],
+                  "logits": len(graph.logit_targets)}))
+if keep:
+    torch.save({"adjacency": graph.adjacency_matrix, "active_features": graph.active_features,
+                "activation_values": graph.activation_values, "selected_features": graph.selected_features,
+                "logits": [int(getattr(t, "vocab_idx", t[1] if isinstance(t, tuple) else t)) for t in
+                           graph.logit_targets]}, keep)
+"""
+
+
+def _attribution_setup(root: Path) -> dict:
+    """The random Gemma-2-shaped checkpoint (written by transformers, as the parity tests write theirs), its PLT set
+    in circuit-tracer's layout (thresholds: _calibrated), and the prompts; what the children read, in
+    root/setup.json."""
+    sys.path.insert(0, str(TRACER_TESTS))
+    import circuit_tracer_side as side
+    from circuit_data import random_transcoders
+
+    from scratch_models import FAMILIES
+    from scratch_models.circuits import save_transcoders
+
+    sizes = side.Sizes(**ATTRIBUTION_MODEL)
+    # weights N(0, 1/hidden): unit-scale activations after each norm, and next-token probabilities spread enough
+    # that max_n_logits, not desired_logit_prob, sets the logit targets
+    side.hf_checkpoint("gemma2", root / "model", sizes, scale=sizes.hidden ** -0.5)
+    generator = torch.Generator().manual_seed(7)
+
+    def prompt(n):  # a BOS, then random ids past the special ones
+        return [1] + torch.randint(3, sizes.vocab, (n - 1,), generator=generator).tolist()
+
+    transcoders = random_transcoders(sizes.layers, sizes.hidden, ATTRIBUTION_FEATURES, jumprelu=True,
+                                     hooks=("ln2.hook_normalized", "hook_mlp_out"))
+    model = FAMILIES["gemma2"].lm.from_pretrained(root / "model")
+    _calibrated(model, transcoders, torch.tensor(prompt(CALIBRATION_LENGTH)))
+    prompts = {str(n): prompt(n) for n in (*ATTRIBUTION_LENGTHS, LONG_PROMPT)}
+    margin = _clear_of_ties(model, transcoders, [torch.tensor(prompts[str(n)]) for n in ATTRIBUTION_LENGTHS])
+    save_transcoders(transcoders, root / "transcoders")
+    setup = {"sizes": ATTRIBUTION_MODEL, "settings": ATTRIBUTION_SETTINGS, "prompts": prompts, "margin": margin}
+    (root / "setup.json").write_text(json.dumps(setup))
+    return setup
+
+
+def _calibrated(model, transcoders, ids: torch.Tensor) -> None:
+    """Sets each layer's JumpReLU thresholds (one for all its features) to the quantile of its pre-activations over
+    a calibration prompt (random, not the one traced) that leaves ACTIVE_PER_TOKEN of its features active per token
+    on average, within the 30-64 that published transcoder sets fire (their L0). Random thresholds would fire half
+    of every layer, a graph of another kind. Per-feature quantiles do not carry over to another prompt: each
+    feature's mean pre-activation moves from prompt to prompt (its std over prompts is some 0.6 of its std over
+    positions), and thresholds set per feature on one prompt fired 200-300 features per token and layer on another;
+    a layer's count over 4096 features averages that out (the rows' active_per_token_layer: what the traced
+    prompts fire)."""
+    inputs, _ = transcoders.sites(model)
+    _, cache = model.run_with_cache(ids[None], names=inputs)
+    keep = 1 - ACTIVE_PER_TOKEN / ATTRIBUTION_FEATURES
+    with torch.no_grad():
+        for layer, name in enumerate(inputs):
+            pre = transcoders.pre_acts(layer, cache[name][0, 1:])  # [n - 1, f], the BOS has no features
+            transcoders.threshold[layer].fill_(torch.quantile(pre.flatten(), keep).clamp(min=0))
+
+
+def _clear_of_ties(model, transcoders, prompts: list[torch.Tensor]) -> float:
+    """Moves each layer's threshold into the widest gap between the pre-activations the compared prompts give it,
+    among the 1% of them nearest the threshold, so that no feature of theirs sits within rounding of it: two
+    implementations' pre-activations differ by some 1e-6, and one feature active on one side only makes two graphs
+    of different nodes (it happened at 64 tokens). Returns the smallest distance left between a threshold and a
+    pre-activation."""
+    inputs, _ = transcoders.sites(model)
+    caches = [model.run_with_cache(ids[None], names=inputs)[1] for ids in prompts]
+    margins = []
+    with torch.no_grad():
+        for layer, name in enumerate(inputs):
+            pre = torch.cat([transcoders.pre_acts(layer, cache[name][0, 1:]).flatten() for cache in caches]).sort()[0]
+            at = int(torch.searchsorted(pre, transcoders.threshold[layer][0]))
+            window = pre[max(at - len(pre) // 200, 0):at + len(pre) // 200]
+            gaps = window.diff()
+            widest = int(gaps.argmax())
+            transcoders.threshold[layer].fill_((window[widest] + window[widest + 1]) / 2)
+            margins.append(float(gaps[widest] / 2))
+    return min(margins)
+
+
+def _attribution_child(python: str, which: str, root: Path, length: int, cap: int, keep: Path | None = None):
+    """One attribution in a fresh process under an address-space cap of `cap` bytes (prlimit --as): its JSON, or the
+    last line of its error when it failed (the whole of it in root/failed-WHICH-LENGTH.log)."""
+    command = ["prlimit", f"--as={cap}", "--", python, "-c", _ATTRIBUTION_CHILD, which, str(root), str(length),
+               str(TRACER_TESTS), *([str(keep)] if keep else [])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+                          env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+                                            "PYTHONPATH": str(TRACER_TESTS.parents[1])})
+    if done.returncode != 0:
+        (root / f"failed-{which}-{length}.log").write_text(done.stderr)
+        # the error itself, not what a destructor raised after it at exit
+        lines = [line for line in done.stderr.split("Exception ignored in")[0].splitlines() if line.strip()]
+        return {"failed": lines[-1] if lines else f"exit status {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _same_graph(root: Path, length: int) -> float:
+    """The two saved graphs of the prompt agree: the same active features, selected features and logit targets,
+    activations and adjacency within 1e-5 of their largest entry (float32 sums of 512 terms in other orders). The largest difference over that entry, or a
+    RuntimeError naming what differs: the benchmark never times two different computations."""
+    ours, theirs = (torch.load(root / f"graph-{side}-{length}.pt") for side in ("ours", "theirs"))
+    for key in ("active_features", "selected_features", "logits"):
+        a, b = ours[key], theirs[key]
+        if not (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b):
+            raise RuntimeError(f"attribution at {length} tokens: {key} differ from circuit-tracer's")
+    a, b = ours["activation_values"], theirs["activation_values"]
+    if (a - b).abs().max() > 1e-5 * b.abs().max():
+        raise RuntimeError(f"attribution at {length} tokens: activations differ from circuit-tracer's by "
+                           f"{float((a - b).abs().max() / b.abs().max()):.3g} of the largest (more than 1e-5)")
+    a, b = ours["adjacency"], theirs["adjacency"]
+    if a.shape != b.shape:
+        raise RuntimeError(f"attribution at {length} tokens: adjacency {list(a.shape)}, circuit-tracer's "
+                           f"{list(b.shape)}")
+    off = float((a - b).abs().max() / b.abs().max())
+    if off > 1e-5:
+        raise RuntimeError(f"attribution at {length} tokens: adjacency differs from circuit-tracer's by {off:.3g} "
+                           "of its largest entry (more than 1e-5)")
+    return off
+
+
+def attribution(ckpt: Checkpoints, repeats: int, device: str, circuit_tracer_python: str | None = None,
+                memory_cap_gb: float = 16.0) -> list[dict]:
+    """Attribution graphs (scratch_models.circuits.attribute) against circuit-tracer 0.5.0's `attribute`
+    (`--circuit-tracer-python`: a Python with circuit-tracer, which needs transformers <= 4.57 and transformer-lens
+    < 4; tests/circuits/test_circuit_tracer_parity.py says how to make one) on the same random Gemma-2-shaped
+    checkpoint (8 layers, hidden 512) and per-layer JumpReLU transcoders of 4096 features (30-50 active per
+    token and layer), prompts of 64 and 512 tokens, the same settings both sides. Each attribution runs in a fresh
+    process (the sides in turn, `repeats` times: medians), under an address-space cap of --memory-cap-gb (prlimit
+    --as) so that one that does not fit fails alone; `peak_rss_mb` is the child's VmHWM (the model and transcoders
+    loaded, then the graph), `added_mb` what the attribution added to the RSS it started from. The first run of
+    each length saves both graphs and checks that they agree (adjacency within 1e-5 of its largest entry). Then a
+    prompt of 2048 tokens: ours once, and circuit-tracer once under the same cap."""
+    if device != "cpu":
+        return [{"case": "attribution: CPU only here (circuit-tracer's child runs on the CPU)"}]
+    root = Path(tempfile.mkdtemp(prefix="scratch-models-attribution-"))
+    setup = _attribution_setup(root)
+    cap = int(memory_cap_gb * 2**30)
+    pythons = {"ours": sys.executable}
+    if circuit_tracer_python is not None:
+        pythons["theirs"] = circuit_tracer_python
+    settings = ", ".join(f"{k}={v}" for k, v in ATTRIBUTION_SETTINGS.items())
+    rows = []
+    for length in ATTRIBUTION_LENGTHS:
+        runs = {which: [] for which in pythons}
+        for i in range(repeats):
+            for which, python in pythons.items():
+                keep = root / f"graph-{which}-{length}.pt" if i == 0 else None
+                runs[which].append(_attribution_child(python, which, root, length, cap, keep))
+                if "failed" in runs[which][-1]:
+                    raise RuntimeError(f"{which} at {length} tokens failed: {runs[which][-1]['failed']}")
+        agree = _same_graph(root, length) if "theirs" in runs else None
+        med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
+        row = {"case": f"{length} tokens", "active": int(med["ours"]["active"]),
+               "active_per_token_layer": med["ours"]["active"] / ((length - 1) * ATTRIBUTION_MODEL["layers"]),
+               "nodes": int(med["ours"]["nodes"]), "ours_s": med["ours"]["seconds"],
+               "ours_peak_rss_mb": med["ours"]["peak_rss_mb"],
+               "ours_added_mb": med["ours"]["peak_rss_mb"] - med["ours"]["rss_before_mb"]}
+        if "theirs" in med:
+            row |= {"circuit_tracer_s": med["theirs"]["seconds"], "ratio": med["theirs"]["seconds"] /
+                    med["ours"]["seconds"], "circuit_tracer_peak_rss_mb": med["theirs"]["peak_rss_mb"],
+                    "circuit_tracer_added_mb": med["theirs"]["peak_rss_mb"] - med["theirs"]["rss_before_mb"],
+                    "rss_ratio": med["theirs"]["peak_rss_mb"] / med["ours"]["peak_rss_mb"],
+                    "adjacency_off": agree}
+        rows.append(row)
+    for which, python in pythons.items():
+        got = _attribution_child(python, which, root, LONG_PROMPT, cap)
+        side = "ours" if which == "ours" else "circuit_tracer"
+        row = {"case": f"{LONG_PROMPT} tokens, {side.replace('_', '-')} once"}
+        if "failed" in got:
+            row["note"] = f"failed: {got['failed']}"
+        else:
+            row |= {"active": got["active"], "nodes": got["nodes"], f"{side}_s": got["seconds"],
+                    f"{side}_peak_rss_mb": got["peak_rss_mb"],
+                    f"{side}_added_mb": got["peak_rss_mb"] - got["rss_before_mb"]}
+        rows.append(row)
+    if circuit_tracer_python is None:
+        rows.append({"case": "circuit-tracer: skipped", "note": "--circuit-tracer-python PYTHON (a venv with "
+                     "circuit-tracer 0.5.0) to run it"})
+    rows.append({"case": "settings", "note": f"Gemma-2-shaped {ATTRIBUTION_MODEL}, {ATTRIBUTION_FEATURES} features "
+                 f"a layer; {settings}; each run capped at {memory_cap_gb:g} GiB; thresholds at least "
+                 f"{setup['margin']:.2g} from any pre-activation of the compared prompts"})
+    return rows
+
+
 CASES = {"limits": limits, "forward": forward, "generate": generate, "peers": peers, "load": load,
          "load_llama": load_llama, "load_moe": load_moe, "cold": cold, "hooks": hooks, "patching": patching,
-         "harvest": harvest, "features": features}
+         "harvest": harvest, "features": features, "attribution": attribution}
+# cases whose runs take minutes: their own number of runs when --repeats is not given
+DEFAULT_REPEATS = {"attribution": 3}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -1061,12 +1313,17 @@ def _cell(value) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append", choices=list(CASES), help="run only these (default: all)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed runs of each side per measurement")
+    parser.add_argument("--repeats", type=int, help="timed runs of each side per measurement (default: 20; "
+                                                    f"{DEFAULT_REPEATS} for those cases)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--saelens-python", metavar="PYTHON", help="harvest: a Python with sae-lens installed (it "
                                                                    "needs transformer-lens < 4), to time SAELens' "
                                                                    "CacheActivationsRunner too")
+    parser.add_argument("--circuit-tracer-python", metavar="PYTHON", help="attribution: a Python with "
+                        "circuit-tracer 0.5.0 installed, to compare with")
+    parser.add_argument("--memory-cap-gb", type=float, default=16.0,
+                        help="attribution: each attribution's address-space cap (prlimit --as), GiB")
     parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"),
                         help="harvest: only these (default: both; bfloat16 is emulated on a CPU without AVX-512 BF16 "
                              "or AMX, some minutes a run)")
@@ -1088,7 +1345,10 @@ def main() -> int:
             extra["saelens_python"] = args.saelens_python
             if args.dtype:
                 extra["dtypes"] = tuple(getattr(torch, name) for name in dict.fromkeys(args.dtype))
-        results[case] = CASES[case](ckpt, args.repeats, args.device, **extra)
+        if case == "attribution":
+            extra = {"circuit_tracer_python": args.circuit_tracer_python, "memory_cap_gb": args.memory_cap_gb}
+        repeats = args.repeats if args.repeats is not None else DEFAULT_REPEATS.get(case, 20)
+        results[case] = CASES[case](ckpt, repeats, args.device, **extra)
         print(f"\n{case}\n{format_table(results[case])}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")

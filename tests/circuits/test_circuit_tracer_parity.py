@@ -29,100 +29,35 @@ circuit_tracer = pytest.importorskip("circuit_tracer", reason="circuit-tracer is
                                                               "transformers <= 4.57 and transformer-lens < 4): run "
                                                               "this file in a venv of its own, as its docstring says")
 
-import transformers  # noqa: E402
 from circuit_tracer import attribute as their_attribute  # noqa: E402
 from circuit_tracer.graph import compute_graph_scores, compute_node_influence  # noqa: E402
 from circuit_tracer.graph import prune_graph as their_prune  # noqa: E402
-from circuit_tracer.replacement_model.replacement_model_transformerlens import \
-    TransformerLensReplacementModel  # noqa: E402
-from circuit_tracer.transcoder.cross_layer_transcoder import load_clt  # noqa: E402
-from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set  # noqa: E402
-from transformer_lens import HookedTransformerConfig  # noqa: E402
-from transformer_lens.pretrained.weight_conversions.gemma import convert_gemma_weights  # noqa: E402
-from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights  # noqa: E402
 
+import circuit_tracer_side as side  # noqa: E402
 from circuit_data import random_transcoders  # noqa: E402
 from scratch_models import FAMILIES  # noqa: E402
 from scratch_models.circuits import (attribute, feature_intervention, feature_intervention_generate,  # noqa
                                      graph_scores, load_transcoders, node_influence, prune_graph, save_transcoders,
                                      write_frontend_files)
 
-VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP, LAYERS, CONTEXT = 41, 32, 4, 2, 8, 48, 3, 64
+TINY = side.Sizes(vocab=41, hidden=32, heads=4, kv_heads=2, head_dim=8, mlp=48, layers=3, context=64)
+LAYERS = TINY.layers
 
 
 def hf_checkpoint(family: str, directory):
-    """A tiny random transformers checkpoint of `family`, saved to `directory`, and the HF model."""
-    torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=LAYERS,
-                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                  max_position_embeddings=CONTEXT, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    if family == "gemma2":
-        config = transformers.Gemma2Config(**common, query_pre_attn_scalar=HEAD_DIM, sliding_window=CONTEXT,
-                                           attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
-        model = transformers.Gemma2ForCausalLM(config)
-    else:
-        config = transformers.LlamaConfig(**common, tie_word_embeddings=False)
-        model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.2 if "norm" in name else 0.3))
-    model.eval().save_pretrained(directory)
-    return model
-
-
-def tl_config(family: str) -> HookedTransformerConfig:
-    common = dict(d_model=HIDDEN, d_head=HEAD_DIM, n_heads=HEADS, d_mlp=MLP, n_layers=LAYERS, n_ctx=CONTEXT,
-                  d_vocab=VOCAB, normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=HEAD_DIM,
-                  n_key_value_heads=KV_HEADS, gated_mlp=True, final_rms=True, dtype=torch.float32, device="cpu",
-                  tokenizer_name=None)
-    if family == "gemma2":
-        return HookedTransformerConfig(**common, act_fn="gelu_pytorch_tanh", eps=1e-6, rotary_base=10000.0,
-                                       use_attn_scale=True, window_size=CONTEXT, use_local_attn=True,
-                                       attn_types=(["local", "global"] * LAYERS)[:LAYERS], attn_scores_soft_cap=50.0,
-                                       output_logits_soft_cap=30.0, use_normalization_before_and_after=True,
-                                       original_architecture="Gemma2ForCausalLM")
-    return HookedTransformerConfig(**common, act_fn="silu", eps=1e-6, rotary_base=10000.0,
-                                   rotary_adjacent_pairs=False, original_architecture="LlamaForCausalLM")
-
-
-class Tokenizer:
-    """What circuit-tracer asks of a tokenizer when it is given token ids: the special ids, decode, vocab_size."""
-
-    all_special_ids = [0, 1, 2]
-    bos_token_id, pad_token_id, eos_token_id = 1, 0, 2
-    vocab_size = VOCAB
-    padding_side = "right"
-
-    def encode(self, text, add_special_tokens=False):
-        return [int(word[1:]) for word in text.split()]
-
-    def decode(self, ids):
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-        return " ".join(f"t{i}" for i in (ids if isinstance(ids, list) else [ids]))
+    return side.hf_checkpoint(family, directory, TINY)
 
 
 def their_model(family: str, hf_model, transcoders):
-    tl = TransformerLensReplacementModel(tl_config(family))
-    convert = convert_gemma_weights if family == "gemma2" else convert_llama_weights
-    tl.load_and_process_state_dict(convert(hf_model, tl.cfg), fold_ln=False, center_writing_weights=False,
-                                   center_unembed=False, fold_value_biases=False,
-                                   refactor_factored_attn_matrices=False)
-    tl.tokenizer = Tokenizer()
-    tl._configure_replacement_model(transcoders)
-    return tl
+    return side.their_model(family, hf_model, transcoders, TINY)
 
 
 def their_transcoders(directory, kind: str):
-    import yaml
+    return side.their_transcoders(directory, kind, LAYERS)
 
-    cfg = yaml.safe_load((directory / "config.yaml").read_text())
-    if kind == "cross_layer_transcoder":
-        return load_clt(str(directory), cfg["feature_input_hook"], cfg["feature_output_hook"], scan=cfg["scan"],
-                        device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False)
-    paths = {l: str(directory / f"layer_{l}.safetensors") for l in range(LAYERS)}
-    return load_transcoder_set(paths, cfg["scan"], cfg["feature_input_hook"], cfg["feature_output_hook"],
-                               device=torch.device("cpu"), dtype=torch.float32, lazy_encoder=False,
-                               lazy_decoder=False)
+
+def tokenizer():
+    return side.Tokenizer(TINY.vocab)
 
 
 HOOKS = {"gemma2": ("ln2.hook_normalized", "hook_mlp_out"), "llama": ("mlp.hook_in", "mlp.hook_out")}
@@ -137,12 +72,12 @@ CASES = [("gemma2", "transcoder_set", dict(jumprelu=True, skip=True), {}),
 @pytest.mark.parametrize("family, kind, shape, options", CASES)
 def test_attribution_graph_is_circuit_tracers(tmp_path, monkeypatch, family, kind, shape, options):
     hf = hf_checkpoint(family, tmp_path / "model")
-    ours_tc = random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], **shape)
+    ours_tc = random_transcoders(LAYERS, TINY.hidden, 24, kind=kind, hooks=HOOKS[family], **shape)
     save_transcoders(ours_tc, tmp_path / "transcoders")
     ours_tc = load_transcoders(tmp_path / "transcoders")  # read back from circuit-tracer's layout
     theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
     ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
-    ours_model.tokenizer = Tokenizer()  # the same token texts on both sides (the checkpoint has no tokenizer)
+    ours_model.tokenizer = tokenizer()  # the same token texts on both sides (the checkpoint has no tokenizer)
     ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
     settings = dict(batch_size=options.get("batch_size", 512), max_feature_nodes=options.get("max_feature_nodes"))
     theirs = their_attribute(ids, theirs_model, max_n_logits=6, desired_logit_prob=0.9, **settings)
@@ -176,9 +111,9 @@ def test_attribution_graph_is_circuit_tracers(tmp_path, monkeypatch, family, kin
     # the frontend's files, as create_graph_files writes them (its tokenizer: ours above, by name)
     module = importlib.import_module("circuit_tracer.utils.create_graph_files")
     monkeypatch.setattr(module, "AutoTokenizer", type("AutoTokenizer", (), {
-        "from_pretrained": staticmethod(lambda name: Tokenizer())}))
+        "from_pretrained": staticmethod(lambda name: tokenizer())}))
     module.create_graph_files(theirs, "parity", str(tmp_path / "theirs"), node_threshold=0.8, edge_threshold=0.98)
-    write_frontend_files(ours, "parity", tmp_path / "ours", decode=Tokenizer().decode)
+    write_frontend_files(ours, "parity", tmp_path / "ours", decode=tokenizer().decode)
     for name in ("parity.json", "graph-metadata.json"):
         mine, reference = (json.loads((tmp_path / side / name).read_text()) for side in ("ours", "theirs"))
         _same(mine, reference, name)
@@ -198,7 +133,7 @@ def test_feature_intervention_is_circuit_tracers(tmp_path, family, kind, shape, 
     """Set one active feature to 0 and scale another by 3 (a slice of positions for a third): the logits and every
     layer's activations after, within 1e-5 of the largest."""
     hf = hf_checkpoint(family, tmp_path / "model")
-    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], **shape),
+    save_transcoders(random_transcoders(LAYERS, TINY.hidden, 24, kind=kind, hooks=HOOKS[family], **shape),
                      tmp_path / "transcoders")
     ours_tc = load_transcoders(tmp_path / "transcoders")
     theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
@@ -221,7 +156,7 @@ def test_generation_under_an_intervention_is_circuit_tracers(tmp_path, family, k
     """Greedy generation with one feature zeroed in the prompt and one set on every position from 4 on (an
     open-ended slice, applied to each new token too): the same tokens, each step's logits and the activations."""
     hf = hf_checkpoint(family, tmp_path / "model")
-    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS[family], jumprelu=True),
+    save_transcoders(random_transcoders(LAYERS, TINY.hidden, 24, kind=kind, hooks=HOOKS[family], jumprelu=True),
                      tmp_path / "transcoders")
     theirs_model = their_model(family, hf, their_transcoders(tmp_path / "transcoders", kind))
     ours_model = FAMILIES[family].lm.from_pretrained(tmp_path / "model")
@@ -241,11 +176,11 @@ def test_generation_under_an_intervention_is_circuit_tracers(tmp_path, family, k
 def test_chosen_targets_are_circuit_tracers(tmp_path, targets):
     """Token ids, token strings, and a logit difference as a custom direction."""
     hf = hf_checkpoint("llama", tmp_path / "model")
-    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, hooks=HOOKS["llama"], jumprelu=True, skip=True),
+    save_transcoders(random_transcoders(LAYERS, TINY.hidden, 24, hooks=HOOKS["llama"], jumprelu=True, skip=True),
                      tmp_path / "transcoders")
     theirs_model = their_model("llama", hf, their_transcoders(tmp_path / "transcoders", "transcoder_set"))
     ours_model = FAMILIES["llama"].lm.from_pretrained(tmp_path / "model")
-    ours_model.tokenizer = Tokenizer()
+    ours_model.tokenizer = tokenizer()
     W = theirs_model.unembed.W_U  # [h, V]
     given = {"ids": torch.tensor([5, 9, 30]), "strings": ["t5", "t9"],
              "direction": [("t5 - t9", 1.0, (W[:, 5] - W[:, 9]).detach())]}[targets]
