@@ -257,14 +257,16 @@ def _node(node_id, feature, layer, ctx_idx, feature_type, js_id, *, token_prob=0
 
 
 def frontend_json(graph: Graph, slug: str, *, scan=None, node_threshold: float = 0.8, edge_threshold: float = 0.98,
-                  decode=None) -> dict:
+                  decode=None, pruned: Pruned | None = None) -> dict:
     """The graph file circuit-tracer's create_graph_files writes as {slug}.json (pruned at the thresholds).
-    `decode(token_id) -> str` for the prompt's tokens (circuit-tracer decodes each with the model's tokenizer)."""
+    `decode(token_id) -> str` for the prompt's tokens (circuit-tracer decodes each with the model's tokenizer).
+    `pruned`: prune_graph(graph, node_threshold, edge_threshold) where the caller has it already (pruning reads the
+    whole adjacency)."""
     scan = scan if scan is not None else graph.scan
     if scan is None:
         raise ValueError("the graph names no scan (the transcoder set's `scan` in its config.yaml): give scan=, "
                          "the frontend needs it to know which transcoders made the graph")
-    pruned = prune_graph(graph, node_threshold, edge_threshold)
+    pruned = pruned if pruned is not None else prune_graph(graph, node_threshold, edge_threshold)
     nodes = frontend_nodes(graph, pruned)
     shown, targets, sources = shown_subgraph(graph, pruned)
     weights = graph.adjacency_matrix[targets, sources].tolist()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..circuits.graph import Graph, graph_scores, node_influence, prune_graph, shown_subgraph
+from ..circuits.graph import Graph, Pruned, graph_scores, node_influence, prune_graph, shown_subgraph
 from .display import page_file, script_json, write_atomically
 
 IFRAME_HEIGHT = 900  # px of a page shown in a notebook; it scrolls inside
@@ -41,16 +41,17 @@ class GraphPage:
     contexts: the features' corpus contexts (FeatureContexts), or None.
     max_edges: past this many pruned edges the page holds the strongest max_edges and each node's TOP_EDGES strongest
     each way (what its panel lists), and says so: a browser draws a few tens of thousands of curves, not millions.
+    pruned: prune_graph(graph, node_threshold, edge_threshold) where the caller has it already.
     Attributes: html (the page), nodes and edges (how many it draws), notice (what it leaves out, or None)."""
 
     def __init__(self, graph: Graph, tokens: list[str], *, node_threshold: float = 0.8, edge_threshold: float = 0.98,
                  contexts: "FeatureContexts | None" = None, title: str = "attribution graph",
-                 max_edges: int = MAX_EDGES):
+                 max_edges: int = MAX_EDGES, pruned: Pruned | None = None):
         if len(tokens) != graph.n_pos:
             raise ValueError(f"tokens: {len(tokens)} given for a graph of {graph.n_pos} positions")
         self.title = title
         data = graph_data(graph, tokens, node_threshold=node_threshold, edge_threshold=edge_threshold,
-                          contexts=contexts, max_edges=max_edges)
+                          contexts=contexts, max_edges=max_edges, pruned=pruned)
         self.nodes, self.edges, self.notice = len(data["nodes"]), len(data["edges"]), data["notice"]
         replacement, completeness = graph_scores(graph)
         subtitle = (f"{graph.n_pos} tokens · {graph.n_layers} layers · {self.nodes} nodes and {data['total']} edges "
@@ -77,13 +78,13 @@ class GraphPage:
 
 
 def graph_data(graph: Graph, tokens: list[str], *, node_threshold: float, edge_threshold: float,
-               contexts: "FeatureContexts | None", max_edges: int = MAX_EDGES) -> dict:
+               contexts: "FeatureContexts | None", max_edges: int = MAX_EDGES, pruned: Pruned | None = None) -> dict:
     """What the page's script draws: the shown nodes (each with its index in the graph's adjacency matrix and its
     edges' counts, [in, out]), the edges between them as [target, source, weight] (graph indices; past max_edges the
     ones `held` keeps), and the features' contexts."""
     if max_edges < 0:
         raise ValueError(f"max_edges must be at least 0, got {max_edges}")
-    pruned = prune_graph(graph, node_threshold, edge_threshold)
+    pruned = pruned if pruned is not None else prune_graph(graph, node_threshold, edge_threshold)
     shown, targets, sources = shown_subgraph(graph, pruned)
     weights = graph.adjacency_matrix[targets, sources]
     size = graph.adjacency_matrix.shape[0]

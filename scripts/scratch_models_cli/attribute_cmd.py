@@ -75,7 +75,7 @@ def zero_positions_for(source: str) -> int:
 def run(args) -> int:
     import torch
 
-    from scratch_models.circuits import attribute, graph_scores, load_transcoders, write_frontend_files
+    from scratch_models.circuits import attribute, graph_scores, load_transcoders, prune_graph, write_frontend_files
     from scratch_models.circuits.attribution import decode
     from scratch_models.views.graph_page import GraphPage
 
@@ -127,10 +127,11 @@ def run(args) -> int:
         seconds = time.time() - started
         graph.to_pt(staging / GRAPH)
         scan = graph.scan if graph.scan is not None else str(args.transcoders)
+        pruned = prune_graph(graph, args.node_threshold, args.edge_threshold)  # once, for the frontend and the page
         write_frontend_files(graph, args.slug, staging, scan=scan, node_threshold=args.node_threshold,
-                             edge_threshold=args.edge_threshold, decode=lambda t: decode(model, [t]))
+                             edge_threshold=args.edge_threshold, decode=lambda t: decode(model, [t]), pruned=pruned)
         GraphPage(graph, _shown_tokens(model)(graph.input_tokens.tolist()), node_threshold=args.node_threshold,
-                  edge_threshold=args.edge_threshold, contexts=contexts,
+                  edge_threshold=args.edge_threshold, contexts=contexts, pruned=pruned,
                   title=f"attribution graph: {graph.input_string or args.slug}").save(staging / PAGE)
         replacement, completeness = graph_scores(graph)
         summary = {"model": opened.source, "transcoders": str(args.transcoders), "prompt": graph.input_string,
