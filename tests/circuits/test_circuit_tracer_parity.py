@@ -201,14 +201,14 @@ def test_topk_attribution_graph_is_circuit_tracers(tmp_path, kind):
     from circuit_tracer.transcoder.activation_functions import TopK
 
     hf = hf_checkpoint("llama", tmp_path / "model")
-    save_transcoders(random_transcoders(LAYERS, HIDDEN, 24, kind=kind, hooks=HOOKS["llama"], k=4),
+    save_transcoders(random_transcoders(LAYERS, TINY.hidden, 24, kind=kind, hooks=HOOKS["llama"], k=4),
                      tmp_path / "transcoders")
     theirs_tc = their_transcoders(tmp_path / "transcoders", kind)
     for module in ([theirs_tc] if kind == "cross_layer_transcoder" else theirs_tc.transcoders):
         module.activation_function = TopK(4)
     theirs_model = their_model("llama", hf, theirs_tc)
     ours_model = FAMILIES["llama"].lm.from_pretrained(tmp_path / "model")
-    ours_model.tokenizer = Tokenizer()
+    ours_model.tokenizer = tokenizer()
     ids = torch.tensor([1, 7, 19, 3, 33, 12, 5, 28, 9])
     theirs = their_attribute(ids, theirs_model, max_n_logits=6, desired_logit_prob=0.9, batch_size=11)
     ours = attribute(ours_model, load_transcoders(tmp_path / "transcoders"), ids, max_n_logits=6,
@@ -232,7 +232,7 @@ def test_gemma_scope_2_files_load_as_circuit_tracer_reads_them(tmp_path, cross_l
     from circuit_data import gemma_scope_2_params, write_clt, write_plt
 
     cpu = torch.device("cpu")
-    params = gemma_scope_2_params(LAYERS, d_model=HIDDEN, cross_layer=cross_layer, affine=True)
+    params = gemma_scope_2_params(LAYERS, d_model=TINY.hidden, cross_layer=cross_layer, affine=True)
     if cross_layer:
         where = write_clt(tmp_path, params, "width_262k_l0_medium_affine")
         paths = {l: str(where / f"params_layer_{l}.safetensors") for l in range(LAYERS + 1)}
@@ -242,7 +242,7 @@ def test_gemma_scope_2_files_load_as_circuit_tracer_reads_them(tmp_path, cross_l
         theirs = [load_gemma_scope_2_transcoder(str(where.parent / f"layer_{l}_{where.name}" / "params.safetensors"),
                                                 l, device=cpu, dtype=torch.float32) for l in range(LAYERS)]
     ours = load_transcoders(where)
-    x = torch.randn(LAYERS, 6, HIDDEN)
+    x = torch.randn(LAYERS, 6, TINY.hidden)
     acts = [ours.encode(l, x[l]) for l in range(LAYERS)]
     for l in range(LAYERS):
         if cross_layer:
