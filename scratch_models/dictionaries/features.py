@@ -463,6 +463,11 @@ def _finish(out: Path, plan, sae: SAE, site, settings: dict, weights: dict | Non
     timings["logit effects"] = time.perf_counter() - clock
     clock = time.perf_counter()
     report = FeatureReport(stats, sae, site, plan, effects, reason)
+    if _read_json(out / MANIFEST).get("status") == "complete":
+        # a complete run writing its dataset or pages again (asked for now, or deleted): not complete until they
+        # are, so a kill meanwhile leaves a run the same command finishes, not a "complete" one without its dataset
+        _write_json(out / MANIFEST, {"format": FORMAT, "version": 1, "status": "running", "settings": settings,
+                                     "weights": weights})
     dataset = report.write(out, pages)
     timings["dataset and pages" if pages else "dataset"] = time.perf_counter() - clock
     seconds = time.perf_counter() - start

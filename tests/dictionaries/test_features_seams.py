@@ -237,3 +237,28 @@ def test_a_rerun_of_a_complete_run_writes_nothing_again_unless_something_is_miss
     shutil.rmtree(out / "dataset")
     run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))
     same_features(out, reference)
+
+
+def test_a_complete_run_writing_its_outputs_again_is_not_complete_until_they_are(lm, sae, reference, tmp_path,
+                                                                                 monkeypatch):
+    """Pages asked for on a complete run rewrite its dataset: a kill in the middle left features.json saying
+    complete beside a dataset/ half-written (or gone), which a reader of the run took for finished. Now the
+    manifest says running until the outputs are whole, and the same command finishes the run."""
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    write = features_module.FeatureReport.write
+
+    def killed_while_writing(self, directory, pages):
+        shutil.rmtree(directory / "dataset")  # what the write does first
+        raise KeyboardInterrupt  # stands for the kill
+
+    with monkeypatch.context() as patched:
+        patched.setattr(features_module.FeatureReport, "write", killed_while_writing)
+        with pytest.raises(KeyboardInterrupt):
+            run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))
+    assert json.loads((out / "features.json").read_text())["status"] == "running"
+    assert features_module.FeatureReport.write is write
+    run_features(lm, sae, CORPUS, out, **(SETTINGS | {"pages": True}))
+    assert json.loads((out / "features.json").read_text())["status"] == "complete"
+    assert (out / "index.html").is_file()
+    same_features(out, reference)
