@@ -5,8 +5,7 @@ import dataclasses
 
 from ..llama.config import BiasedByAttentionBias, LlamaLikeConfig
 from ..mixtral.config import require_experts
-from ..parts.config import ConfigError, require_positive
-from ..qwen2.config import LAYER_TYPES
+from ..parts.config import require_layer_types, require_positive
 
 # transformers' default rope for GPT-OSS (what the releases' config.json spell out too)
 YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
@@ -56,7 +55,8 @@ class GptOssConfig(BiasedByAttentionBias, LlamaLikeConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.layer_types is None and isinstance(self.num_hidden_layers, int):
-            object.__setattr__(self, "layer_types", [LAYER_TYPES[i % 2 == 0] for i in range(self.num_hidden_layers)])
+            object.__setattr__(self, "layer_types", [
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(self.num_hidden_layers)])
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> "GptOssConfig":
@@ -70,13 +70,7 @@ class GptOssConfig(BiasedByAttentionBias, LlamaLikeConfig):
         super().validate(source)
         require_experts(self, source, "num_local_experts")
         require_positive(self, source, "swiglu_alpha", "swiglu_limit")
-        kinds = self.layer_types
-        if not isinstance(kinds, list) or len(kinds) != self.num_hidden_layers or not all(
-                kind in LAYER_TYPES for kind in kinds):
-            raise ConfigError(f"{source}: field 'layer_types' should name each of the {self.num_hidden_layers} "
-                              f"layers {' or '.join(LAYER_TYPES)}, got {kinds!r}")
-        if "sliding_attention" in kinds and self.sliding_window is None:
-            raise ConfigError(f"{source}: layer_types names sliding_attention layers, but sliding_window is null")
+        require_layer_types(self, source)
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:

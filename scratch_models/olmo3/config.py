@@ -16,10 +16,9 @@ import dataclasses
 import reprlib
 
 from ..olmo2.config import Olmo2Config
-from ..parts.config import ConfigError
+from ..parts.config import LAYER_TYPES, ConfigError, require_layer_types
 from ..parts.rotary import rope_fields
 
-LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +32,8 @@ class Olmo3Config(Olmo2Config):
     def __post_init__(self):
         super().__post_init__()
         if self.layer_types is None and isinstance(self.num_hidden_layers, int):  # transformers' default: 3 to 1
-            object.__setattr__(self, "layer_types", [LAYER_TYPES[(i + 1) % 4 == 0]
-                                                     for i in range(self.num_hidden_layers)])
+            object.__setattr__(self, "layer_types", [
+                "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(self.num_hidden_layers)])
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> "Olmo3Config":
@@ -47,13 +46,7 @@ class Olmo3Config(Olmo2Config):
 
     def validate(self, source: str) -> None:
         super().validate(source)
-        kinds = self.layer_types
-        if not isinstance(kinds, list) or len(kinds) != self.num_hidden_layers or not all(
-                kind in LAYER_TYPES for kind in kinds):
-            raise ConfigError(f"{source}: field 'layer_types' should name each of the {self.num_hidden_layers} "
-                              f"layers {' or '.join(LAYER_TYPES)}, got {reprlib.repr(kinds)}")
-        if "sliding_attention" in kinds and self.sliding_window is None:
-            raise ConfigError(f"{source}: layer_types names sliding_attention layers, but sliding_window is null")
+        require_layer_types(self, source)
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:

@@ -205,3 +205,19 @@ def require_token_id_list(config, source: str, field: str) -> None:
     value = getattr(config, field)
     if isinstance(value, list) and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
         raise ConfigError(f"{source}: field {field!r} lists {reprlib.repr(value)}; it should list token ids")
+
+
+# the kinds of layer a config's layer_types names (transformers' names)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def require_layer_types(config, source: str, no_window: str = "sliding_window is null") -> None:
+    """config.layer_types is a list naming each layer's kind (LAYER_TYPES), and a sliding layer has a window;
+    `no_window` says why there is none."""
+    kinds = config.layer_types
+    if not isinstance(kinds, list) or len(kinds) != config.num_hidden_layers or not all(
+            kind in LAYER_TYPES for kind in kinds):
+        raise ConfigError(f"{source}: field 'layer_types' should name each of the {config.num_hidden_layers} "
+                          f"layers {' or '.join(LAYER_TYPES)}, got {reprlib.repr(kinds)}")
+    if "sliding_attention" in kinds and config.sliding_window is None:
+        raise ConfigError(f"{source}: layer_types names sliding_attention layers, but {no_window}")

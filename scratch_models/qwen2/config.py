@@ -4,9 +4,7 @@ layers it applies to, read as transformers 5 reads them."""
 import dataclasses
 
 from ..llama.config import LlamaLikeConfig
-from ..parts.config import ConfigError
-
-LAYER_TYPES = ("full_attention", "sliding_attention")
+from ..parts.config import LAYER_TYPES, require_layer_types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +43,7 @@ class Qwen2Config(LlamaLikeConfig):
 
     def validate(self, source: str) -> None:
         super().validate(source)
-        kinds = self.layer_types
-        if not all(kind in LAYER_TYPES for kind in kinds) or len(kinds) != self.num_hidden_layers:
-            raise ConfigError(f"{source}: field 'layer_types' should name each of the {self.num_hidden_layers} "
-                              f"layers {' or '.join(LAYER_TYPES)}, got {kinds!r}")
-        if "sliding_attention" in kinds and self.sliding_window is None:
-            raise ConfigError(f"{source}: layer_types names sliding_attention layers, but there is no window: "
-                              "sliding_window is null or use_sliding_window false")
+        require_layer_types(self, source, "there is no window: sliding_window is null or use_sliding_window false")
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
